@@ -1,0 +1,33 @@
+# Two commands: `make run` (set up + the main job on embedded defaults) and `make test`.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+export TIDEFLOW_HOME ?= $(CURDIR)/.tideflow
+
+.PHONY: run test test-slow bench setup clean
+
+setup: $(STAMP)
+
+# torch comes from the CPU wheel on this disk via constraints.txt; the project is installed editable.
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -c constraints.txt torch==2.13.0
+	$(BIN)/python -m pip install -q -c constraints.txt -e '.[dev]' --config-settings editable_mode=compat
+	touch $(STAMP)
+
+run: $(STAMP)
+	$(BIN)/tideflow generate --max-tokens 48
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q -m "not slow"
+
+test-slow: $(STAMP)
+	$(BIN)/python -m pytest -q -m slow
+
+bench: $(STAMP)
+	for b in benchmarks/*.py; do $(BIN)/python $$b || exit 1; done
+
+clean:
+	rm -rf $(VENV) .tideflow

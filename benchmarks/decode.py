@@ -1,0 +1,73 @@
+"""Decode tokens/s: tideflow's generation loop vs transformers generate() on the same checkpoint.
+
+Run: python benchmarks/decode.py [--batches 1 8 32] [--new-tokens 32]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import copy_bandwidth_gbs, print_table  # noqa: E402
+
+from engine.default_model import DEFAULT_CONFIG, write_default_model  # noqa: E402
+from engine.generate import GenerationStats, generate  # noqa: E402
+from engine.model import load_model  # noqa: E402
+from engine.sampling import SamplingParams  # noqa: E402
+
+
+def hf_decode_rate(hf, prompt_len: int, batch: int, new_tokens: int) -> float:
+    """Tokens/s of the decode phase: time(prompt + n tokens) - time(prompt + 1 token)."""
+    ids = torch.randint(0, hf.config.vocab_size, (batch, prompt_len), generator=torch.Generator().manual_seed(0))
+
+    def run(n: int) -> float:
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0)
+        return time.perf_counter() - t0
+
+    run(2)
+    return batch * (new_tokens - 1) / (run(new_tokens) - run(1))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])
+    ap.add_argument("--new-tokens", type=int, default=32)
+    ap.add_argument("--prompt-len", type=int, default=32)
+    ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    args = ap.parse_args()
+    torch.manual_seed(0)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = write_default_model(Path(tmp), DEFAULT_CONFIG.model_copy(update={"dtype": args.dtype}))
+        ours = load_model(path)
+        hf = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, args.dtype)).eval()
+        rows = []
+        for batch in args.batches:
+            prompts = torch.randint(0, DEFAULT_CONFIG.vocab_size, (batch, args.prompt_len)).tolist()
+            params = SamplingParams(max_tokens=args.new_tokens, ignore_eos=True)
+            generate(ours, None, prompts[:1], SamplingParams(max_tokens=2, ignore_eos=True))
+            stats = GenerationStats()
+            generate(ours, None, prompts, params, stats=stats)
+            theirs = hf_decode_rate(hf, args.prompt_len, batch, args.new_tokens)
+            rows.append([batch, stats.decode_tokens_per_s, theirs, stats.decode_tokens_per_s / theirs])
+        bw = copy_bandwidth_gbs()
+    elem = torch.empty((), dtype=getattr(torch, args.dtype)).element_size()
+    active_bytes = DEFAULT_CONFIG.param_count(active=True) * elem
+    roofline = bw * 1e9 / active_bytes
+    print(f"model: {DEFAULT_CONFIG.param_count() / 1e6:.1f}M params, {active_bytes / 1e6:.0f} MB active per token ({args.dtype}); "
+          f"{torch.get_num_threads()} threads")
+    print_table(["batch", "tideflow tok/s", "transformers tok/s", "ratio"], rows)
+    print(f"\nmemory roofline at batch 1: copy bandwidth {bw:.1f} GB/s / {active_bytes / 1e6:.0f} MB = {roofline:.1f} tok/s; "
+          f"tideflow reaches {rows[0][1] / roofline:.0%} of it" if args.batches[0] == 1 else "")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,77 @@
+"""Grouped-query attention that writes to and reads from the paged KV cache."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.config import ModelConfig
+from engine.model.norm import RMSNorm
+from engine.model.paged import AttentionMetadata
+from kernels import ops
+
+
+class Attention(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = config.num_heads, config.num_kv_heads, config.head_dim
+        h, dt, bias = config.hidden_size, config.torch_dtype, config.attention_bias
+        self.q_proj = nn.Linear(h, self.num_heads * self.head_dim, bias=bias, dtype=dt)
+        self.k_proj = nn.Linear(h, self.num_kv_heads * self.head_dim, bias=bias, dtype=dt)
+        self.v_proj = nn.Linear(h, self.num_kv_heads * self.head_dim, bias=bias, dtype=dt)
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, h, bias=False, dtype=dt)
+        self.q_norm = RMSNorm(self.head_dim, config.rms_eps, dt) if config.qk_norm else None
+        self.k_norm = RMSNorm(self.head_dim, config.rms_eps, dt) if config.qk_norm else None
+        self.scale = self.head_dim**-0.5
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        cos_sin: torch.Tensor,
+        kv: tuple[torch.Tensor, torch.Tensor],
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        T = x.shape[0]
+        q = self.q_proj(x).view(T, self.num_heads, self.head_dim)
+        k = self.k_proj(x).view(T, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(x).view(T, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q)[0], self.k_norm(k)[0]
+        q, k = ops.rotary_embedding(q, k, positions, cos_sin)
+        k_cache, v_cache = kv
+        flat_k = k_cache.view(-1, self.num_kv_heads, self.head_dim)
+        flat_v = v_cache.view(-1, self.num_kv_heads, self.head_dim)
+        flat_k.index_copy_(0, meta.slot_mapping, k)
+        flat_v.index_copy_(0, meta.slot_mapping, v)
+        if meta.decode_only:
+            out = ops.paged_decode_attention(q, k_cache, v_cache, meta.block_tables, meta.context_lens, self.scale)
+        else:
+            out = self._prefill(q, k_cache, v_cache, meta)
+        return self.o_proj(out.reshape(T, self.num_heads * self.head_dim))
+
+    def _prefill(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        """Per-sequence causal attention over cached prefix + new tokens (chunked prefill safe)."""
+        block_size = k_cache.shape[1]
+        group = self.num_heads // self.num_kv_heads
+        outs, start = [], 0
+        ctx_lens = meta.context_lens.tolist()
+        for i, n in enumerate(meta.query_lens):
+            ctx = ctx_lens[i]
+            blocks = meta.block_tables[i, : (ctx + block_size - 1) // block_size].long()
+            keys = k_cache[blocks].reshape(-1, self.num_kv_heads, self.head_dim)[:ctx]
+            vals = v_cache[blocks].reshape(-1, self.num_kv_heads, self.head_dim)[:ctx]
+            qi = q[start : start + n].transpose(0, 1)
+            ki = keys.transpose(0, 1).repeat_interleave(group, dim=0)
+            vi = vals.transpose(0, 1).repeat_interleave(group, dim=0)
+            if n == ctx:
+                o = F.scaled_dot_product_attention(qi, ki, vi, is_causal=True, scale=self.scale)
+            else:
+                # query t sits at absolute position ctx - n + t and sees keys up to that position
+                qpos = torch.arange(ctx - n, ctx, device=q.device).unsqueeze(1)
+                mask = torch.arange(ctx, device=q.device).unsqueeze(0) <= qpos
+                o = F.scaled_dot_product_attention(qi, ki, vi, attn_mask=mask, scale=self.scale)
+            outs.append(o.transpose(0, 1))
+            start += n
+        return torch.cat(outs, dim=0)

@@ -1,0 +1,67 @@
+"""What attention needs to read and write the paged KV cache for one step."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from engine.config import ModelConfig
+
+KVCache = list[tuple[torch.Tensor, torch.Tensor]]
+
+
+@dataclass
+class AttentionMetadata:
+    """Layout of one step's flattened tokens over the sequences of the batch.
+
+    query_lens[i] new tokens of sequence i are in the step; after the step the sequence holds
+    context_lens[i] tokens in its blocks (block_tables[i]). slot_mapping[t] is the cache slot
+    (block * block_size + offset) where new token t's K/V are written.
+    """
+
+    query_lens: list[int]
+    context_lens: torch.Tensor
+    block_tables: torch.Tensor
+    slot_mapping: torch.Tensor
+
+    @property
+    def decode_only(self) -> bool:
+        return all(n == 1 for n in self.query_lens)
+
+    @classmethod
+    def build(
+        cls, query_lens: list[int], context_lens: list[int], block_tables: list[list[int]], block_size: int,
+        device: torch.device | str = "cpu",
+    ) -> "AttentionMetadata":
+        width = max(len(t) for t in block_tables)
+        table = torch.zeros(len(block_tables), width, dtype=torch.int32)
+        slots: list[int] = []
+        for i, (blocks, n, ctx) in enumerate(zip(block_tables, query_lens, context_lens)):
+            table[i, : len(blocks)] = torch.tensor(blocks, dtype=torch.int32)
+            for pos in range(ctx - n, ctx):
+                slots.append(blocks[pos // block_size] * block_size + pos % block_size)
+        return cls(
+            query_lens=list(query_lens),
+            context_lens=torch.tensor(context_lens, dtype=torch.int32, device=device),
+            block_tables=table.to(device),
+            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),
+        )
+
+
+def kv_bytes_per_block(config: ModelConfig, block_size: int) -> int:
+    """Bytes one block of K and V costs across all layers."""
+    elem = torch.empty((), dtype=config.torch_dtype).element_size()
+    return 2 * config.num_layers * block_size * config.num_kv_heads * config.head_dim * elem
+
+
+def allocate_kv_cache(
+    config: ModelConfig, num_blocks: int, block_size: int, device: torch.device | str = "cpu"
+) -> KVCache:
+    """One (K, V) pair per layer, each [num_blocks, block_size, kv_heads, head_dim]."""
+    shape = (num_blocks, block_size, config.num_kv_heads, config.head_dim)
+    return [
+        (torch.zeros(shape, dtype=config.torch_dtype, device=device),
+         torch.zeros(shape, dtype=config.torch_dtype, device=device))
+        for _ in range(config.num_layers)
+    ]

@@ -1,0 +1,77 @@
+"""Runs one step of the model over a batch of sequences that live in the paged KV cache."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from engine.model.decoder import MoEForCausalLM
+from engine.model.paged import AttentionMetadata, allocate_kv_cache
+
+
+@dataclass
+class SeqStep:
+    """One sequence's share of a step: `tokens` are new, placed after `start` cached tokens."""
+
+    tokens: list[int]
+    start: int
+    block_table: list[int]
+    embeds: torch.Tensor | None = None  # [len(tokens), hidden] to override token embeddings
+
+
+class ModelRunner:
+    """Owns the model and its KV cache tensors; the block allocator lives with the scheduler."""
+
+    def __init__(self, model: MoEForCausalLM, num_blocks: int, block_size: int = 16) -> None:
+        self.model = model
+        self.config = model.config
+        self.block_size = block_size
+        self.num_blocks = num_blocks
+        self.device = model.embed.weight.device
+        self.kv_cache = allocate_kv_cache(self.config, num_blocks, block_size, self.device) if num_blocks else []
+
+    def allocate(self, num_blocks: int) -> None:
+        """(Re)allocate the KV cache tensors, e.g. when a standby instance is activated."""
+        self.num_blocks = num_blocks
+        self.kv_cache = allocate_kv_cache(self.config, num_blocks, self.block_size, self.device)
+
+    def release(self) -> None:
+        """Free the KV cache memory; weights stay loaded."""
+        self.kv_cache = []
+        self.num_blocks = 0
+
+    @torch.inference_mode()
+    def step(self, seqs: list[SeqStep]) -> torch.Tensor:
+        """Logits [len(seqs), vocab] (fp32) at each sequence's last new token."""
+        if not self.kv_cache:
+            raise RuntimeError("KV cache is released: activate the instance before running steps")
+        ids, pos, embeds = [], [], []
+        for s in seqs:
+            ids.extend(s.tokens)
+            pos.extend(range(s.start, s.start + len(s.tokens)))
+        meta = AttentionMetadata.build(
+            [len(s.tokens) for s in seqs], [s.start + len(s.tokens) for s in seqs],
+            [s.block_table for s in seqs], self.block_size, self.device,
+        )
+        input_ids = torch.tensor(ids, dtype=torch.int64, device=self.device)
+        inputs_embeds = None
+        if any(s.embeds is not None for s in seqs):
+            base = self.model.embed(input_ids)
+            offset = 0
+            for s in seqs:
+                if s.embeds is not None:
+                    base[offset : offset + len(s.tokens)] = s.embeds.to(base.dtype)
+                offset += len(s.tokens)
+            inputs_embeds = base
+        hidden = self.model(input_ids, torch.tensor(pos, dtype=torch.int64, device=self.device), self.kv_cache, meta, inputs_embeds)
+        last = torch.tensor([i - 1 for i in _cumsum([len(s.tokens) for s in seqs])], device=self.device)
+        return self.model.logits(hidden.index_select(0, last))
+
+
+def _cumsum(values: list[int]) -> list[int]:
+    out, total = [], 0
+    for v in values:
+        total += v
+        out.append(total)
+    return out

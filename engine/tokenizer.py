@@ -1,0 +1,72 @@
+"""Tokenizer from `tokenizer.json` (HF `tokenizers`), chat template, incremental detokenisation."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jinja2.sandbox
+from pydantic import BaseModel, Field
+from tokenizers import Tokenizer as HFTokenizer
+
+from engine.errors import CheckpointError
+
+# ChatML: the template used when a checkpoint ships none.
+DEFAULT_CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+class ChatMessage(BaseModel):
+    role: str = Field(pattern="^(system|user|assistant|tool)$", description="who speaks")
+    content: str = Field(description="text of the message")
+
+
+class Tokenizer:
+    def __init__(self, model_dir: str | Path) -> None:
+        path = Path(model_dir) / "tokenizer.json"
+        if not path.is_file():
+            raise CheckpointError(f"{model_dir} has no tokenizer.json")
+        self._tok = HFTokenizer.from_file(str(path))
+        cfg_path = Path(model_dir) / "tokenizer_config.json"
+        cfg = json.loads(cfg_path.read_text()) if cfg_path.is_file() else {}
+        template = cfg.get("chat_template") or DEFAULT_CHAT_TEMPLATE
+        env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        self._template = env.from_string(template)
+        self._special = {"bos_token": cfg.get("bos_token", ""), "eos_token": cfg.get("eos_token", "")}
+        eos = cfg.get("eos_token")
+        eos_id = self._tok.token_to_id(eos) if isinstance(eos, str) else None
+        self.eos_ids: tuple[int, ...] = (eos_id,) if eos_id is not None else ()
+
+    @property
+    def vocab_size(self) -> int:
+        return self._tok.get_vocab_size()
+
+    def encode(self, text: str) -> list[int]:
+        return self._tok.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids: list[int]) -> str:
+        return self._tok.decode(ids, skip_special_tokens=True)
+
+    def apply_chat_template(self, messages: list[ChatMessage], add_generation_prompt: bool = True) -> str:
+        return self._template.render(
+            messages=[m.model_dump() for m in messages], add_generation_prompt=add_generation_prompt, **self._special
+        )
+
+
+class IncrementalDecoder:
+    """Turns a growing token list into text deltas without splitting multi-byte characters."""
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self.ids: list[int] = []
+        self.text = ""
+
+    def push(self, token: int) -> str:
+        self.ids.append(token)
+        text = self.tokenizer.decode(self.ids)
+        if text.endswith("\ufffd"):
+            return ""  # an incomplete UTF-8 sequence: wait for the next token
+        delta, self.text = text[len(self.text):], text
+        return delta

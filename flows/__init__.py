@@ -1,0 +1,1 @@
+"""Thin Prefect flows that compose tasks into the release pipelines."""

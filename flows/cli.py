@@ -1,0 +1,39 @@
+"""The `tideflow` command: one parser; each subsystem registers its own subcommands."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+
+from engine.errors import TideflowError
+
+# Modules exposing add_commands(subparsers), imported in this order.
+COMMAND_MODULES = ("engine.cli",)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tideflow", description=__doc__)
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).add_commands(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        return int(args.func(args) or 0)
+    except TideflowError as exc:
+        print(f"tideflow: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Custom ops for the engine's hot path: torch references plus compiled CPU/CUDA builds."""

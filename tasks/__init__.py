@@ -1,0 +1,1 @@
+"""Thin Prefect tasks: one verb each, calling engine/ or kernels/."""
