@@ -44,6 +44,7 @@ def _init(args: argparse.Namespace) -> int:
 def _generate(args: argparse.Namespace) -> int:
     from engine.generate import GenerationStats, generate
     from engine.model import load_model
+    from kernels.loader import load_cached
     from engine.sampling import SamplingParams
     from engine.tokenizer import Tokenizer
 
@@ -51,6 +52,7 @@ def _generate(args: argparse.Namespace) -> int:
     if args.model is None and not (model_dir / "config.json").exists():
         _init(argparse.Namespace(dir=model_dir, seed=0, tiny=False, dtype=args.dtype or "float32"))
     t0 = time.perf_counter()
+    compiled = load_cached("native")
     model = load_model(model_dir, args.dtype)
     tok = Tokenizer(model_dir)
     load_s = time.perf_counter() - t0
@@ -62,5 +64,6 @@ def _generate(args: argparse.Namespace) -> int:
     for prompt, out in zip(prompts, outs):
         print(f"--- prompt: {prompt!r}\n{out.text!r}  [{len(out.tokens)} tokens, finish: {out.finish_reason}]")
     print(f"load {load_s:.2f}s | prefill {stats.prefill_s * 1000:.0f} ms | decode {stats.generated} tokens in "
-          f"{stats.decode_s:.2f}s = {stats.decode_tokens_per_s:.1f} tokens/s (batch {len(prompts)})")
+          f"{stats.decode_s:.2f}s = {stats.decode_tokens_per_s:.1f} tokens/s (batch {len(prompts)}, "
+          f"{len(compiled)} compiled ops)")
     return 0

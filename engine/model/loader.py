@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
+from typing import Sequence
 
 import torch
 from safetensors import SafetensorError, safe_open
@@ -12,6 +13,7 @@ from safetensors import SafetensorError, safe_open
 from engine.config import ModelConfig
 from engine.errors import CheckpointError
 from engine.model.decoder import MoEForCausalLM
+from engine.model.moe import Experts, SparseMoE
 
 log = logging.getLogger(__name__)
 
@@ -29,18 +31,25 @@ def read_config(model_dir: str | Path, dtype: str | None = None) -> ModelConfig:
     return ModelConfig.from_hf(hf, dtype)
 
 
-def load_model(model_dir: str | Path, dtype: str | None = None, device: str | torch.device = "cpu") -> MoEForCausalLM:
+def load_model(
+    model_dir: str | Path, dtype: str | None = None, device: str | torch.device = "cpu",
+    expert_ids: Sequence[Sequence[int]] | None = None,
+) -> MoEForCausalLM:
     """Build the model from config.json and fill every parameter from the safetensors files.
 
-    Missing tensors, wrong shapes and unreadable files fail with a CheckpointError naming them.
+    `expert_ids[layer]` lists the logical experts (repeats allowed, for replicas) a rank holds in
+    that layer's local slots, in slot order; None loads every expert. Missing tensors, wrong shapes
+    and unreadable files fail with a CheckpointError naming them.
     """
     config = read_config(model_dir, dtype)
     with torch.device("meta"):
         model = MoEForCausalLM(config)
+        if expert_ids is not None:
+            _shard_experts(model, expert_ids)
     tensors = _open_tensors(Path(model_dir))
     state: dict[str, torch.Tensor] = {}
     for name, param in model.named_parameters(remove_duplicate=True):
-        value = _assemble(name, config, tensors)
+        value = _assemble(name, config, tensors, model)
         if tuple(value.shape) != tuple(param.shape):
             raise CheckpointError(
                 f"tensor for {name} has shape {list(value.shape)} but config.json implies {list(param.shape)}"
@@ -53,7 +62,7 @@ def load_model(model_dir: str | Path, dtype: str | None = None, device: str | to
         module_name, _, attr = buf_name.rpartition(".")
         module = model.get_submodule(module_name) if module_name else model
         module._buffers[attr] = _rebuild_buffer(model, buf_name, device)
-    unused = tensors.unused()
+    unused = tensors.unused(skip_experts=expert_ids is not None)
     if unused:
         log.warning("checkpoint %s has %d tensors tideflow does not use, e.g. %s", model_dir, len(unused), unused[0])
     return model.eval()
@@ -67,7 +76,12 @@ def _rebuild_buffer(model: MoEForCausalLM, name: str, device) -> torch.Tensor:
 
         return cos_sin_table(config.head_dim, config.context_length, config.rope_theta, device)
     if name.endswith("local_of"):
-        return torch.arange(config.num_experts, dtype=torch.int64, device=device)
+        experts = model.get_submodule(name.rpartition(".")[0])
+        local_of = torch.full((config.num_experts,), -1, dtype=torch.int64)
+        for slot, logical in enumerate(experts.local_experts):
+            if local_of[logical] < 0:
+                local_of[logical] = slot
+        return local_of.to(device)
     raise CheckpointError(f"internal: no rule to rebuild buffer {name}")
 
 
@@ -90,8 +104,10 @@ class _Tensors:
     def has(self, name: str) -> bool:
         return name in self.files
 
-    def unused(self) -> list[str]:
-        return sorted(n for n in self.files if n not in self.used and not n.endswith(IGNORED_SUFFIXES))
+    def unused(self, skip_experts: bool = False) -> list[str]:
+        """Names never read; a rank loading only its experts expects the other experts unread."""
+        return sorted(n for n in self.files if n not in self.used and not n.endswith(IGNORED_SUFFIXES)
+                      and not (skip_experts and ".experts." in n))
 
 
 def _open_tensors(model_dir: Path) -> _Tensors:
@@ -109,7 +125,22 @@ def _open_tensors(model_dir: Path) -> _Tensors:
     return _Tensors(files)
 
 
-def _assemble(name: str, config: ModelConfig, t: _Tensors) -> torch.Tensor:
+def _shard_experts(model: MoEForCausalLM, expert_ids: Sequence[Sequence[int]]) -> None:
+    """Replace each MoE layer's experts (on the meta device) with just the listed slots."""
+    config = model.config
+    if len(expert_ids) != config.num_layers:
+        raise CheckpointError(f"expert_ids has {len(expert_ids)} entries; the model has {config.num_layers} layers")
+    for index, layer in enumerate(model.layers):
+        if not isinstance(layer.mlp, SparseMoE):
+            continue
+        ids = [int(e) for e in expert_ids[index]]
+        if not ids or min(ids) < 0 or max(ids) >= config.num_experts:
+            raise CheckpointError(f"expert_ids[{index}] must list experts in [0, {config.num_experts}), got {ids}")
+        layer.mlp.experts = Experts(config.num_experts, config.hidden_size, config.moe_intermediate_size,
+                                    config.torch_dtype, local=ids)
+
+
+def _assemble(name: str, config: ModelConfig, t: _Tensors, model: MoEForCausalLM) -> torch.Tensor:
     """Our parameter `name` from the HF tensors (stacking experts, fusing gate+up)."""
     parts = name.split(".")
     if name == "embed.weight":
@@ -135,15 +166,16 @@ def _assemble(name: str, config: ModelConfig, t: _Tensors) -> torch.Tensor:
         return t.get(simple[rest])
     if rest.startswith("attn.") and rest.endswith(("_proj.weight", "_proj.bias")):
         return t.get(pre + "self_attn." + rest[len("attn."):])
-    if rest == "mlp.experts.w13":
+    if rest in ("mlp.experts.w13", "mlp.experts.w2"):
+        held = model.layers[layer].mlp.experts.local_experts
+        if rest == "mlp.experts.w2":
+            down = "w2" if mixtral else "down_proj"
+            return torch.stack([t.get(f"{moe}experts.{e}.{down}.weight") for e in held])
         gate, up = ("w1", "w3") if mixtral else ("gate_proj", "up_proj")
         return torch.stack([
             torch.cat((t.get(f"{moe}experts.{e}.{gate}.weight"), t.get(f"{moe}experts.{e}.{up}.weight")))
-            for e in range(config.num_experts)
+            for e in held
         ])
-    if rest == "mlp.experts.w2":
-        down = "w2" if mixtral else "down_proj"
-        return torch.stack([t.get(f"{moe}experts.{e}.{down}.weight") for e in range(config.num_experts)])
     mlp_prefix = {"mlp.gate_up.weight": pre + "mlp.", "mlp.down.weight": pre + "mlp.",
                   "mlp.shared.gate_up.weight": moe + "shared_expert.", "mlp.shared.down.weight": moe + "shared_expert."}
     if rest in mlp_prefix:

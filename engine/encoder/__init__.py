@@ -1,0 +1,1 @@
+"""The encoder role: images in OpenAI content parts -> vision embeddings spliced into the prompt."""

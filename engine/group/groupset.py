@@ -1,0 +1,69 @@
+"""A group set on this machine: one router process plus the GroupManager that registers groups in it."""
+
+from __future__ import annotations
+
+import secrets
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+
+from engine.group.local import LocalProcessBackend
+from engine.group.manager import GroupManager, ManagedGroup, SupervisionPolicy
+from engine.group.spec import InferenceGroup
+from engine.paths import home
+from engine.process import Child, free_port, tideflow_argv, wait_http_ok
+from engine.router.admin import RouterAdmin
+from engine.router.app import ADMIN_KEYS_ENV, UPSTREAM_KEY_ENV
+
+
+class GroupSetConfig(BaseModel):
+    model_dir: Path = Field(description="checkpoint every group of this set serves")
+    model_name: str = Field("default", description="model id clients ask the router for")
+    router_port: int = Field(0, ge=0, le=65535, description="router port (0 = any free port)")
+    host: str = Field("127.0.0.1", description="bind address of the router and members")
+    client_api_key: str | None = Field(None, description="key clients send; generated when unset")
+    state_dir: Path | None = Field(None, description="where group status files go (default $TIDEFLOW_HOME/groups)")
+    policy: SupervisionPolicy = Field(default_factory=SupervisionPolicy)
+    router_args: list[str] = Field(default_factory=list, description="extra `tideflow router` flags")
+
+
+class LocalGroupSet:
+    """Owns the processes it starts: `close()` (or the context manager) stops every one of them."""
+
+    def __init__(self, config: GroupSetConfig) -> None:
+        self.config = config
+        self.client_key = config.client_api_key or "tf-" + secrets.token_urlsafe(24)
+        self._admin_key = secrets.token_urlsafe(24)
+        self._member_key = secrets.token_urlsafe(24)  # between the router and the members only
+        port = config.router_port or free_port(config.host)
+        self.url = f"http://{config.host}:{port}"
+        logs = home() / "logs"
+        env = {"TIDEFLOW_API_KEYS": self.client_key, ADMIN_KEYS_ENV: self._admin_key, UPSTREAM_KEY_ENV: self._member_key}
+        argv = tideflow_argv("router", "--host", config.host, "--port", str(port), "--model-name", config.model_name,
+                             "--model-dir", str(config.model_dir), *config.router_args)
+        self.router = Child(f"router-{port}", argv, logs / f"router-{port}.log", env)
+        try:
+            if not wait_http_ok(self.url + "/health", timeout_s=60, child=self.router):
+                raise RuntimeError(f"router did not come up: {self.router.log_tail()}")
+        except BaseException:
+            self.router.stop()
+            raise
+        self.admin = RouterAdmin(self.url, self._admin_key)
+        self.backend = LocalProcessBackend(config.model_dir, self._member_key, config.model_name, logs, config.host)
+        self.manager = GroupManager(self.backend, self.admin, config.policy, config.state_dir or home() / "groups")
+
+    def up(self, spec: InferenceGroup, standby: bool = False, weight: float = 1.0) -> ManagedGroup:
+        return self.manager.up(spec, standby=standby, weight=weight)
+
+    def close(self, drain_s: float = 5.0) -> None:
+        try:
+            self.manager.shutdown(drain_s)
+        finally:
+            self.admin.close()
+            self.router.stop()
+
+    def __enter__(self) -> "LocalGroupSet":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,1 @@
+"""Kubernetes backend: InferenceGroups as LeaderWorkerSets (manifests.py renders, backend.py runs)."""

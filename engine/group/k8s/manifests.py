@@ -1,0 +1,214 @@
+"""Kubernetes manifests for an InferenceGroup: per role a LeaderWorkerSet, a leader Service and a PDB.
+
+One LWS replica is one role instance (`spec.replicas` = instances, `size` = members per instance);
+`RecreateGroupOnPodRestart` makes LWS rebuild an instance whole when any member restarts, which is
+the group atomicity of DESIGN.md at instance granularity.
+
+Routing and the warm pool are labels, not objects: the router discovers leaders through the
+headless Service `<group>-<role>-leaders`, which selects `tideflow.dev/routable: "true"` pods only.
+The warm pool is one extra LWS per role, `<group>-<role>-standby`, with `warm_pool x instances`
+replicas whose pods are labelled `routable: "false"` and `warm-pool: "true"` and run `--standby`
+(loaded, warmed, KV freed). Promoting a standby instance is a label flip on its pods, done by whoever
+owns registration; nothing here needs to be re-applied for it. A group started with `standby=True`
+renders its own LWSes non-routable and has no pool of its own.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+from engine.group.spec import InferenceGroup, RoleSpec
+
+LWS_API_VERSION = "leaderworkerset.x-k8s.io/v1"
+LWS_GROUP, LWS_VERSION, LWS_PLURAL = "leaderworkerset.x-k8s.io", "v1", "leaderworkersets"
+# Labels the LWS controller puts on every pod it creates.
+LWS_NAME_LABEL = "leaderworkerset.sigs.k8s.io/name"
+LWS_GROUP_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/group-index"
+LWS_WORKER_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/worker-index"
+
+GROUP_LABEL = "tideflow.dev/group"
+VERSION_LABEL = "tideflow.dev/version"
+ROLE_LABEL = "tideflow.dev/role"
+ROUTABLE_LABEL = "tideflow.dev/routable"
+POOL_LABEL = "tideflow.dev/warm-pool"
+NAME_LABEL = "app.kubernetes.io/name"
+
+ENGINE_PORT = 8100
+NODE_CACHE = "/var/lib/tideflow"  # hostPath: the node's weights cache, TIDEFLOW_HOME inside the pod
+STARTUP_BUDGET_S = 900  # weights load + warmup allowed before liveness applies
+
+
+def lws_name(group: InferenceGroup, role: str, pool: bool = False) -> str:
+    return f"{group.name}-{role}-standby" if pool else f"{group.name}-{role}"
+
+
+def leader_service_name(group: InferenceGroup, role: str) -> str:
+    # Not `<group>-<role>`: the LWS controller owns a headless Service of its own LWS's name.
+    return f"{group.name}-{role}-leaders"
+
+
+def labels(group: InferenceGroup, role: str, routable: bool, pool: bool) -> dict[str, str]:
+    return group.labels | {
+        NAME_LABEL: "tideflow",
+        GROUP_LABEL: group.name,
+        VERSION_LABEL: group.version,
+        ROLE_LABEL: role,
+        ROUTABLE_LABEL: "true" if routable else "false",
+        POOL_LABEL: "true" if pool else "false",
+    }
+
+
+def role_selector(group: InferenceGroup, role: str) -> dict[str, str]:
+    return {NAME_LABEL: "tideflow", GROUP_LABEL: group.name, ROLE_LABEL: role}
+
+
+def engine_port(spec: RoleSpec) -> int:
+    return spec.port_base or ENGINE_PORT
+
+
+def _args(group: InferenceGroup, spec: RoleSpec, standby: bool) -> list[str]:
+    model = group.model.uri or group.model.expanded_path({"TIDEFLOW_HOME": NODE_CACHE})
+    args = [
+        "serve", "--role", spec.role, "--group", group.name, "--version", group.version,
+        "--instance", "$(TIDEFLOW_INSTANCE)", "--rank", "$(LWS_WORKER_INDEX)",
+        "--world-size", "$(LWS_GROUP_SIZE)", "--leader-address", "$(LWS_LEADER_ADDRESS)",
+        "--host", "$(POD_IP)", "--port", str(engine_port(spec)),
+        "--model", model, "--parallel", spec.parallel, "--transfer", group.transfer,
+        "--max-num-seqs", str(spec.engine.max_num_seqs),
+        "--max-batch-tokens", str(spec.engine.max_batch_tokens),
+        "--block-size", str(spec.engine.block_size),
+        "--max-wait-ms", str(spec.engine.max_wait_ms),
+    ]
+    if spec.engine.kv_cache_bytes is not None:
+        args += ["--kv-cache-bytes", str(spec.engine.kv_cache_bytes)]
+    if spec.engine.kv_cache_fraction is not None:
+        args += ["--kv-cache-fraction", str(spec.engine.kv_cache_fraction)]
+    if group.model.dtype:
+        args += ["--dtype", group.model.dtype]
+    if standby:
+        args.append("--standby")
+    return args
+
+
+def _env() -> list[dict[str, Any]]:
+    def field(path: str) -> dict[str, Any]:
+        return {"fieldRef": {"fieldPath": path}}
+
+    return [
+        {"name": "POD_IP", "valueFrom": field("status.podIP")},
+        {"name": "TIDEFLOW_INSTANCE", "valueFrom": field(f"metadata.labels['{LWS_GROUP_INDEX_LABEL}']")},
+        {"name": "TIDEFLOW_HOME", "value": NODE_CACHE},
+    ]
+
+
+def _resources(spec: RoleSpec) -> dict[str, Any]:
+    requests: dict[str, Any] = {"cpu": spec.resources.cpu, "memory": spec.resources.memory}
+    limits: dict[str, Any] = {"memory": spec.resources.memory}
+    if spec.resources.gpus:
+        # Extended resources must be whole and requests == limits; setting limits implies requests.
+        limits["nvidia.com/gpu"] = spec.resources.gpus
+    return {"requests": requests, "limits": limits}
+
+
+def pod_template(group: InferenceGroup, spec: RoleSpec, image: str, routable: bool, pool: bool) -> dict[str, Any]:
+    """The PodTemplateSpec of every member (leader and workers alike) of one role LWS."""
+    port = engine_port(spec)
+    probe = {"httpGet": {"path": "/ready", "port": "http"}, "periodSeconds": 2, "failureThreshold": 3}
+    container = {
+        "name": spec.role,
+        "image": image,
+        "command": ["tideflow"],
+        "args": _args(group, spec, standby=not routable),
+        "env": _env(),
+        "ports": [{"name": "http", "containerPort": port, "protocol": "TCP"}],
+        "readinessProbe": probe,
+        "startupProbe": {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 5,
+                         "failureThreshold": STARTUP_BUDGET_S // 5},
+        "livenessProbe": {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 5, "failureThreshold": 3},
+        "resources": _resources(spec),
+        "volumeMounts": [{"name": "node-cache", "mountPath": NODE_CACHE}, {"name": "dshm", "mountPath": "/dev/shm"}],
+    }
+    return {
+        "metadata": {"labels": labels(group, spec.role, routable, pool)},
+        "spec": {
+            "automountServiceAccountToken": False,
+            "terminationGracePeriodSeconds": 60,
+            "containers": [container],
+            "topologySpreadConstraints": [{
+                "maxSkew": 1,
+                "topologyKey": "kubernetes.io/hostname",
+                "whenUnsatisfiable": "ScheduleAnyway",
+                "labelSelector": {"matchLabels": role_selector(group, spec.role)},
+            }],
+            "volumes": [
+                {"name": "node-cache", "hostPath": {"path": NODE_CACHE, "type": "DirectoryOrCreate"}},
+                {"name": "dshm", "emptyDir": {"medium": "Memory"}},
+            ],
+        },
+    }
+
+
+def leader_worker_set(group: InferenceGroup, spec: RoleSpec, namespace: str, image: str,
+                      routable: bool, pool: bool) -> dict[str, Any]:
+    replicas = group.warm_pool * spec.instances if pool else spec.instances
+    return {
+        "apiVersion": LWS_API_VERSION,
+        "kind": "LeaderWorkerSet",
+        "metadata": {"name": lws_name(group, spec.role, pool), "namespace": namespace,
+                     "labels": labels(group, spec.role, routable, pool)},
+        "spec": {
+            "replicas": replicas,
+            "startupPolicy": "LeaderReady",
+            "rolloutStrategy": {"type": "RollingUpdate",
+                                "rollingUpdateConfiguration": {"maxUnavailable": 1, "maxSurge": 0}},
+            "leaderWorkerTemplate": {
+                "size": spec.members_per_instance,
+                "restartPolicy": "RecreateGroupOnPodRestart",
+                "workerTemplate": pod_template(group, spec, image, routable, pool),
+            },
+        },
+    }
+
+
+def leader_service(group: InferenceGroup, spec: RoleSpec, namespace: str) -> dict[str, Any]:
+    """Headless: the router resolves every routable instance leader and balances across them itself."""
+    selector = role_selector(group, spec.role) | {ROUTABLE_LABEL: "true", LWS_WORKER_INDEX_LABEL: "0"}
+    port = engine_port(spec)
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": leader_service_name(group, spec.role), "namespace": namespace,
+                     "labels": labels(group, spec.role, routable=True, pool=False)},
+        "spec": {
+            "clusterIP": "None",
+            "selector": selector,
+            "ports": [{"name": "http", "port": port, "targetPort": "http", "protocol": "TCP"}],
+        },
+    }
+
+
+def disruption_budget(group: InferenceGroup, spec: RoleSpec, namespace: str) -> dict[str, Any]:
+    """One pod of a role at a time: evicting any member rebuilds its whole instance."""
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": {"name": f"{group.name}-{spec.role}", "namespace": namespace,
+                     "labels": labels(group, spec.role, routable=True, pool=False)},
+        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": role_selector(group, spec.role)}},
+    }
+
+
+def render(group: InferenceGroup, namespace: str, image: str, standby: bool = False) -> list[dict[str, Any]]:
+    """Every object of the group: LWSes (serving, then warm pool), leader Services, PDBs."""
+    lws = [leader_worker_set(group, spec, namespace, image, routable=not standby, pool=False) for spec in group.roles]
+    if group.warm_pool and not standby:
+        lws += [leader_worker_set(group, spec, namespace, image, routable=False, pool=True) for spec in group.roles]
+    services = [leader_service(group, spec, namespace) for spec in group.roles]
+    budgets = [disruption_budget(group, spec, namespace) for spec in group.roles]
+    return lws + services + budgets
+
+
+def render_yaml(group: InferenceGroup, namespace: str, image: str, standby: bool = False) -> str:
+    return yaml.safe_dump_all(render(group, namespace, image, standby), sort_keys=False)

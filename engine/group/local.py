@@ -1,0 +1,161 @@
+"""LocalProcessBackend: every member is an OS process on this machine, on loopback ports."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from engine.group.backend import Backend, BackendError, GroupHandle, MemberStatus, Phase
+from engine.group.spec import InferenceGroup, Member, Role
+from engine.paths import home
+from engine.process import Child, free_port, tideflow_argv
+
+
+@dataclass
+class _Running:
+    group: InferenceGroup
+    handle: GroupHandle
+    model_dir: Path
+    children: dict[Member, Child] = field(default_factory=dict)
+    ports: dict[Member, int] = field(default_factory=dict)
+
+
+class LocalProcessBackend(Backend):
+    """Starts `tideflow serve` once per member; a DEP instance's ranks rendezvous on a local port."""
+
+    name = "local"
+
+    def __init__(self, model_dir: Path, api_key: str, model_name: str = "default", log_dir: Path | None = None,
+                 host: str = "127.0.0.1", extra_env: dict[str, str] | None = None) -> None:
+        self.model_dir, self.api_key, self.model_name, self.host = model_dir, api_key, model_name, host
+        self.log_dir = log_dir or home() / "logs"
+        self.extra_env = extra_env or {}
+        self._running: dict[str, _Running] = {}
+        self._lock = threading.Lock()
+
+    def start(self, group: InferenceGroup, standby: bool = False) -> GroupHandle:
+        handle = GroupHandle(id=f"{group.name}-{uuid.uuid4().hex[:6]}", group=group.name, version=group.version,
+                             backend=self.name, standby=standby)
+        run = _Running(group, handle, self.model_dir)
+        with self._lock:
+            self._running[handle.id] = run
+        try:
+            for spec in group.roles:
+                for instance in range(spec.instances):
+                    self._start_instance(run, spec.role, instance)
+        except OSError as exc:
+            self.delete(handle)
+            raise BackendError(f"could not start group {group.name}: {exc}") from None
+        return handle
+
+    def _start_instance(self, run: _Running, role: Role, instance: int) -> None:
+        spec = run.group.role(role)
+        size = spec.members_per_instance
+        dist_port = free_port(self.host) if size > 1 else None
+        for rank in range(size):
+            member = Member(role=role, instance=instance, rank=rank, size=size)
+            port = (spec.port_base + instance * size + rank) if spec.port_base else free_port(self.host)
+            argv = tideflow_argv(*self.member_args(run.group, member, port, dist_port, run.handle.standby))
+            name = f"{run.handle.id}-{role}{instance}r{rank}"
+            env = {"TIDEFLOW_API_KEYS": self.api_key, **self.extra_env}
+            run.children[member] = Child(name, argv, self.log_dir / f"{name}.log", env)
+            run.ports[member] = port
+
+    def member_args(self, group: InferenceGroup, member: Member, port: int, dist_port: int | None, standby: bool) -> list[str]:
+        spec = group.role(member.role)
+        e = spec.engine
+        args = ["serve", "--model", str(self.model_dir), "--host", self.host, "--port", str(port),
+                "--role", member.role, "--served-model-name", self.model_name,
+                "--max-num-seqs", str(e.max_num_seqs), "--max-batch-tokens", str(e.max_batch_tokens),
+                "--block-size", str(e.block_size), "--max-wait-ms", str(e.max_wait_ms),
+                "--metrics-group", group.name, "--metrics-version", group.version]
+        if member.role in ("prefill", "decode"):
+            args += ["--kv-transport", group.transfer]
+        if e.kv_cache_bytes is not None:
+            args += ["--kv-cache-bytes", str(e.kv_cache_bytes)]
+        elif e.kv_cache_fraction is not None:
+            args += ["--kv-cache-fraction", str(e.kv_cache_fraction)]
+        if group.model.dtype:
+            args += ["--dtype", group.model.dtype]
+        if member.size > 1:
+            args += ["--dep-rank", str(member.rank), "--dep-size", str(member.size),
+                     "--dist-addr", f"{self.host}:{dist_port}"]
+        if standby:
+            args.append("--standby")
+        return args
+
+    def _run(self, handle: GroupHandle) -> _Running:
+        with self._lock:
+            run = self._running.get(handle.id)
+        if run is None:
+            raise BackendError(f"no running group {handle.id} on the local backend")
+        return run
+
+    def endpoint(self, handle: GroupHandle, member: Member) -> str:
+        return f"http://{self.host}:{self._run(handle).ports[member]}"
+
+    def members(self, handle: GroupHandle) -> list[MemberStatus]:
+        run = self._run(handle)
+        out = []
+        with httpx.Client(trust_env=False, headers={"authorization": f"Bearer {self.api_key}"}) as client:
+            for member, child in sorted(run.children.items(), key=lambda kv: (kv[0].role, kv[0].instance, kv[0].rank)):
+                out.append(self._observe(client, run, member, child))
+        return out
+
+    def _observe(self, client: httpx.Client, run: _Running, member: Member, child: Child) -> MemberStatus:
+        url = f"http://{self.host}:{run.ports[member]}"
+        base = dict(role=member.role, instance=member.instance, rank=member.rank, endpoint=url)
+        code = child.returncode
+        if code is not None:
+            phase = Phase.EXITED if code == 0 else Phase.FAILED
+            return MemberStatus(**base, phase=phase, message=f"exit code {code}: {child.log_tail(3)}")
+        try:
+            ready = client.get(url + "/ready", timeout=0.5).status_code == 200
+        except httpx.HTTPError:
+            ready = False
+        return MemberStatus(**base, phase=Phase.READY if ready else Phase.RUNNING)
+
+    def wait_ready(self, handle: GroupHandle, timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            phases = {m.phase for m in self.members(handle)}
+            if phases == {Phase.READY}:
+                return True
+            if phases & {Phase.FAILED, Phase.EXITED}:
+                return False
+            time.sleep(0.1)
+        return False
+
+    def pids(self, handle: GroupHandle) -> dict[Member, int]:
+        """Process ids per member (fault drills kill them)."""
+        return {m: c.pid for m, c in self._run(handle).children.items()}
+
+    def stop(self, handle: GroupHandle, drain_s: float) -> None:
+        run = self._run(handle)
+        for child in run.children.values():
+            child.stop(grace_s=max(drain_s, 1.0))
+
+    def scale(self, group_name: str, role: Role, instances: int) -> None:
+        with self._lock:
+            runs = [r for r in self._running.values() if r.group.name == group_name]
+        if not runs:
+            raise BackendError(f"no running group named {group_name}")
+        run = runs[-1]
+        current = 1 + max((m.instance for m in run.children if m.role == role), default=-1)
+        for instance in range(current, instances):
+            self._start_instance(run, role, instance)
+        for member in [m for m in run.children if m.role == role and m.instance >= instances]:
+            run.children.pop(member).stop()
+            run.ports.pop(member)
+
+    def delete(self, handle: GroupHandle) -> None:
+        with self._lock:
+            run = self._running.pop(handle.id, None)
+        if run is not None:
+            for child in run.children.values():
+                child.stop(grace_s=2.0)

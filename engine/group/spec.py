@@ -1,0 +1,266 @@
+"""The InferenceGroup spec: one atomic serving unit (roles x instances x members), read from YAML.
+
+A group is either one `colocated` role, or `prefill` + `decode` with an optional `encoder`.
+Each role runs `instances` independent instances; an instance of strategy `DEP<n>`/`TP<n>`
+is n members (ranks) that start, fail and are rebuilt together.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import string
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from engine.errors import TideflowError
+from engine.paths import home
+
+Role = Literal["encoder", "prefill", "decode", "colocated"]
+ROLE_ORDER: tuple[Role, ...] = ("encoder", "prefill", "decode", "colocated")
+MAX_MEMBERS_PER_INSTANCE = 64
+DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+PARALLEL = re.compile(r"^(DEP|TP)([1-9][0-9]*)$")
+# Kubernetes resource quantity, e.g. "500m", "2", "16Gi", "1.5G".
+QUANTITY = re.compile(r"^([0-9]+(\.[0-9]*)?|\.[0-9]+)([KMGTPE]i|[numkMGTPE])?$")
+LABEL_KEY = re.compile(r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9])?$")
+
+
+class GroupSpecError(TideflowError):
+    """An InferenceGroup spec file cannot be read or fails validation; the message names the field."""
+
+
+class ModelRef(BaseModel):
+    """Which weights the group serves: a local checkpoint dir or a published weights version."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    path: str | None = Field(None, description="checkpoint directory; `${VAR}` and `~` are expanded when resolved")
+    uri: str | None = Field(None, description="published weights version, e.g. s3://bucket/models/name/v1/ or file:///...")
+    dtype: Literal["float32", "bfloat16"] | None = Field(None, description="override the checkpoint dtype")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "ModelRef":
+        if (self.path is None) == (self.uri is None):
+            raise ValueError("set exactly one of model.path or model.uri")
+        if self.uri is not None and not re.match(r"^(s3://[^/]+/.+|file:///.+)", self.uri):
+            raise ValueError(f"model.uri {self.uri!r} must be s3://bucket/prefix/ or file:///path")
+        if self.path is not None:
+            self.expanded_path()
+        return self
+
+    def expanded_path(self, env: Mapping[str, str] | None = None) -> str:
+        """`path` with `${VAR}` taken from `env` (default: this process; TIDEFLOW_HOME defaults to ~/.tideflow) and `~` expanded."""
+        if self.path is None:
+            raise GroupSpecError("model.path is not set (the model is given by model.uri)")
+        values = {"TIDEFLOW_HOME": str(home())} | dict(os.environ if env is None else env)
+        try:
+            expanded = string.Template(self.path).substitute(values)
+        except KeyError as exc:
+            raise ValueError(f"model.path {self.path!r} uses ${{{exc.args[0]}}}, which is not set") from None
+        except ValueError:
+            raise ValueError(f"model.path {self.path!r} has a malformed ${{...}} reference") from None
+        return os.path.expanduser(expanded)
+
+
+class Resources(BaseModel):
+    """What one member (one process / pod) asks for."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    cpu: str = Field("1", description="CPU cores as a Kubernetes quantity, e.g. '500m', '4'")
+    memory: str = Field("4Gi", description="memory as a Kubernetes quantity, e.g. '16Gi'")
+    gpus: int = Field(0, ge=0, le=16, description="GPUs per member (nvidia.com/gpu)")
+
+    @field_validator("cpu", "memory", mode="before")
+    @classmethod
+    def _quantity(cls, value: object) -> str:
+        text = str(value)
+        if not QUANTITY.match(text):
+            raise ValueError(f"{text!r} is not a Kubernetes quantity (e.g. '500m', '2', '16Gi')")
+        return text
+
+
+class EngineArgs(BaseModel):
+    """Engine knobs per member; KV cache sized by fraction of free memory or by bytes, not both."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    max_num_seqs: int = Field(64, gt=0, description="sequences in one running batch")
+    max_batch_tokens: int = Field(8192, gt=0, description="tokens scheduled per step")
+    kv_cache_fraction: float | None = Field(None, gt=0, le=1, description="share of free device memory for KV blocks")
+    kv_cache_bytes: int | None = Field(None, gt=0, description="exact KV cache size in bytes")
+    block_size: int = Field(16, gt=0, le=1024, description="tokens per KV block (power of two)")
+    max_wait_ms: float = Field(2.0, ge=0, le=1000, description="shuttle: longest a request waits to join a batch")
+
+    @field_validator("block_size")
+    @classmethod
+    def _power_of_two(cls, value: int) -> int:
+        if value & (value - 1):
+            raise ValueError(f"block_size {value} must be a power of two")
+        return value
+
+    @model_validator(mode="after")
+    def _one_kv_size(self) -> "EngineArgs":
+        if self.kv_cache_fraction is not None and self.kv_cache_bytes is not None:
+            raise ValueError("set at most one of kv_cache_fraction or kv_cache_bytes")
+        return self
+
+
+class RoleSpec(BaseModel):
+    """One role of the group and how many instances of which shape run it."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    role: Role = Field(description="what this role's members do")
+    instances: int = Field(1, ge=0, description="independent instances of this role")
+    parallel: str = Field("DEP1", description="strategy per instance: DEP<n> or TP<n>, n members, n a power of two <= 64")
+    resources: Resources = Field(default_factory=Resources, description="per member")
+    engine: EngineArgs = Field(default_factory=EngineArgs, description="engine args of every member")
+    port_base: int | None = Field(None, ge=1024, le=65535, description="first port of this role's members (local backend)")
+
+    @field_validator("parallel")
+    @classmethod
+    def _parallel(cls, value: str) -> str:
+        match = PARALLEL.match(value)
+        if not match:
+            raise ValueError(f"{value!r} is not a strategy like DEP1, DEP8 or TP1")
+        n = int(match.group(2))
+        if n > MAX_MEMBERS_PER_INSTANCE or n & (n - 1):
+            raise ValueError(f"{value!r}: the degree must be a power of two <= {MAX_MEMBERS_PER_INSTANCE}")
+        return value
+
+    @property
+    def strategy(self) -> Literal["DEP", "TP"]:
+        return PARALLEL.match(self.parallel).group(1)  # type: ignore[union-attr,return-value]
+
+    @property
+    def members_per_instance(self) -> int:
+        return int(PARALLEL.match(self.parallel).group(2))  # type: ignore[union-attr]
+
+
+class RouterSpec(BaseModel):
+    """The gateway in front of the group."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    replicas: int = Field(1, ge=1, description="router processes / pods")
+    port: int = Field(8000, ge=1, le=65535, description="OpenAI-compatible API port")
+
+
+class Member(BaseModel):
+    """One rank of one instance of one role: the unit a backend starts and observes."""
+
+    model_config = ConfigDict(frozen=True)
+
+    role: Role
+    instance: int = Field(ge=0, description="instance index within the role")
+    rank: int = Field(ge=0, description="rank within the instance; 0 is the leader")
+    size: int = Field(gt=0, description="members of this instance")
+
+
+class InferenceGroup(BaseModel):
+    """An atomic group: registered only when every member is ready, rebuilt whole on any failure."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = Field(description="DNS-1123 label naming the group (and its Kubernetes objects)")
+    version: str = Field(description="release version of what the group serves")
+    model: ModelRef = Field(description="the weights")
+    roles: list[RoleSpec] = Field(min_length=1, description="colocated alone, or prefill + decode (+ encoder)")
+    warm_pool: int = Field(0, ge=0, description="silent standby groups kept loaded and warm")
+    transfer: Literal["shm", "tcp"] = Field("shm", description="KV transport between prefill and decode")
+    router: RouterSpec = Field(default_factory=RouterSpec, description="gateway")
+    labels: dict[str, str] = Field(default_factory=dict, description="extra labels on everything the group creates")
+
+    @field_validator("name")
+    @classmethod
+    def _dns_label(cls, value: str) -> str:
+        # 63 less room for the "-<role>-standby" suffix backends append.
+        if len(value) > 40 or not DNS_LABEL.match(value):
+            raise ValueError(f"{value!r} must be a DNS-1123 label of at most 40 characters: lowercase a-z, 0-9 and '-'")
+        return value
+
+    @field_validator("version")
+    @classmethod
+    def _version(cls, value: str) -> str:
+        if not value or not LABEL_VALUE.match(value) or len(value) > 63:
+            raise ValueError(f"{value!r} must be usable as a label value: <= 63 of A-Z a-z 0-9 - _ .")
+        return value
+
+    @field_validator("labels")
+    @classmethod
+    def _labels(cls, value: dict[str, str]) -> dict[str, str]:
+        for key, item in value.items():
+            if not LABEL_KEY.match(key) or len(key.rsplit("/", 1)[-1]) > 63:
+                raise ValueError(f"label key {key!r} is not a valid Kubernetes label key")
+            if not LABEL_VALUE.match(item) or len(item) > 63:
+                raise ValueError(f"label {key!r} value {item!r} is not a valid Kubernetes label value")
+            if key.startswith("tideflow.dev/") or key.startswith("app.kubernetes.io/"):
+                raise ValueError(f"label key {key!r} is reserved for tideflow")
+        return value
+
+    @model_validator(mode="after")
+    def _shape(self) -> "InferenceGroup":
+        names = [r.role for r in self.roles]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"roles: {', '.join(dupes)} listed more than once")
+        present = set(names)
+        if "colocated" in present and present != {"colocated"}:
+            raise ValueError("roles: 'colocated' must be the only role")
+        if "colocated" not in present and not {"prefill", "decode"} <= present:
+            missing = sorted({"prefill", "decode"} - present)
+            raise ValueError(f"roles: a disaggregated group needs prefill and decode; missing {', '.join(missing)}")
+        return self
+
+    def role(self, name: Role) -> RoleSpec:
+        """The spec of role `name`; KeyError if the group has none."""
+        for spec in self.roles:
+            if spec.role == name:
+                return spec
+        raise KeyError(f"group {self.name!r} has no role {name!r}")
+
+    def members(self) -> Iterator[Member]:
+        """Every member, role by role (encoder, prefill, decode, colocated), instance by instance, rank by rank."""
+        for spec in sorted(self.roles, key=lambda r: ROLE_ORDER.index(r.role)):
+            size = spec.members_per_instance
+            for instance in range(spec.instances):
+                for rank in range(size):
+                    yield Member(role=spec.role, instance=instance, rank=rank, size=size)
+
+    @property
+    def total_members(self) -> int:
+        return sum(r.instances * r.members_per_instance for r in self.roles)
+
+    @classmethod
+    def from_yaml(cls, path: str | Path) -> "InferenceGroup":
+        """Load a spec file; errors name the file and the field."""
+        path = Path(path)
+        try:
+            data = yaml.safe_load(path.read_text())
+        except (OSError, yaml.YAMLError) as exc:
+            raise GroupSpecError(f"{path}: cannot read group spec: {exc}") from None
+        if not isinstance(data, dict):
+            raise GroupSpecError(f"{path}: a group spec is a YAML mapping, got {type(data).__name__}")
+        try:
+            return cls.model_validate(data)
+        except ValidationError as exc:
+            raise GroupSpecError(f"{path}: {describe(exc)}") from None
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.model_dump(mode="json", exclude_none=True), sort_keys=False)
+
+
+def describe(exc: ValidationError) -> str:
+    """'roles.1.parallel: <message>' for each error, so the field is named first."""
+    parts = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"]) or "spec"
+        parts.append(f"{loc}: {err['msg'].removeprefix('Value error, ')}")
+    return "; ".join(parts)

@@ -1,0 +1,481 @@
+"""The serving engine: a background thread stepping the scheduler and the ModelRunner.
+
+Requests are submitted from any thread (or event loop); each gets its outputs through a sink
+callable, called on the engine thread. `stream` wraps that in an asyncio queue fed through
+`loop.call_soon_threadsafe`, which is what the HTTP server uses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import queue
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from engine.errors import TideflowError
+from engine.kv_cache import BlockAllocator, OutOfBlocks, import_blocks, num_blocks_for_budget
+from engine.model.decoder import MoEForCausalLM
+from engine.model.loader import load_model
+from engine.model_runner import ModelRunner, SeqStep
+from engine.pd import Handoff, HandoffResult, decode_generator, encode_generator, export_kv
+from engine.sampling import SamplingParams, make_generator, sample
+from engine.scheduler import Scheduler, StepPlan
+from engine.sequence import Sequence, SeqStatus
+from engine.server.metrics import ServingMetrics
+from engine.stop import find_stop, finish_reason
+from engine.tokenizer import IncrementalDecoder, Tokenizer
+
+log = logging.getLogger(__name__)
+
+DEFAULT_KV_FRACTION = 0.2
+
+
+class EngineConfig(BaseModel):
+    """Tunables of one serving engine (embedded by the inference group spec)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model_name: str | None = Field(None, description="model id served on /v1/models; default: the model directory's name")
+    block_size: int = Field(16, ge=1, le=1024, description="tokens per KV cache block")
+    max_num_seqs: int = Field(64, ge=1, description="most sequences in the running batch")
+    max_batch_tokens: int = Field(2048, ge=1, description="token budget of one model step (decode tokens + prefill chunks)")
+    kv_cache_bytes: int | None = Field(None, gt=0, description="KV cache size in bytes (exclusive with kv_cache_fraction)")
+    kv_cache_fraction: float | None = Field(
+        None, gt=0.0, le=0.95, description="KV cache size as a fraction of available memory; default 0.2 when neither is given"
+    )
+    max_wait_ms: float = Field(
+        2.0, ge=0.0, le=1000.0,
+        description="shuttle window: how long arrivals gather before departing together; 0 dispatches at once "
+        "(2 ms won the window sweep of benchmarks/serving.py)",
+    )
+    max_queue: int = Field(256, ge=0, description="requests allowed to wait for admission; beyond it requests get 429")
+    dtype: Literal["float32", "bfloat16"] | None = Field(None, description="weight/activation dtype; default: the checkpoint's")
+    device: str = Field("cpu", description="torch device for weights and KV cache, e.g. cpu or cuda:0")
+    enable_prefix_cache: bool = Field(True, description="reuse KV blocks of shared prompt prefixes")
+
+    @model_validator(mode="after")
+    def _one_budget(self) -> "EngineConfig":
+        if self.kv_cache_bytes is not None and self.kv_cache_fraction is not None:
+            raise ValueError("give kv_cache_bytes or kv_cache_fraction, not both")
+        return self
+
+
+class EngineError(TideflowError):
+    """A request the engine refuses; `status` is the HTTP status the server answers with."""
+
+    status = 400
+    param: str | None = None
+
+
+class PromptTooLong(EngineError):
+    param = "prompt"
+
+
+class QueueFull(EngineError):
+    status = 429
+
+
+@dataclass
+class RequestOutput:
+    """One event of a request's stream: new tokens and text, and the finish reason on the last."""
+
+    request_id: str
+    token_ids: list[int]
+    text: str
+    finish_reason: str | None
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    error: str | None = None
+    handoff: HandoffResult | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass
+class Result:
+    """A whole request's outcome (the synchronous `generate` API)."""
+
+    token_ids: list[int] = field(default_factory=list)
+    text: str = ""
+    finish_reason: str | None = None
+    cached_tokens: int = 0
+
+
+Sink = Callable[[RequestOutput], None]
+
+
+@dataclass
+class _Import:
+    """A prefilled sequence waiting for KV blocks on a decode worker."""
+
+    first_token: int
+    kv: memoryview
+    on_imported: Callable[[], None]
+
+
+@dataclass(eq=False)
+class _Request:
+    seq: Sequence
+    sink: Sink
+    decoder: IncrementalDecoder
+    holdback: int
+    imported: _Import | None = None
+    sent_chars: int = 0
+    first_token_at: float | None = None
+    last_token_at: float | None = None
+
+
+class RequestStream:
+    """Async iterator over one request's outputs, fed from the engine thread."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
+        self.request_id = ""
+
+    def put(self, out: RequestOutput) -> None:
+        self.loop.call_soon_threadsafe(self.queue.put_nowait, out)
+
+    async def __aiter__(self):
+        while True:
+            out = await self.queue.get()
+            yield out
+            if out.finished:
+                return
+
+
+class LLMEngine:
+    def __init__(self, model: MoEForCausalLM, tokenizer: Tokenizer, config: EngineConfig,
+                 metrics: ServingMetrics | None = None) -> None:
+        self.model, self.tokenizer, self.config = model, tokenizer, config
+        self.metrics = metrics if metrics is not None else ServingMetrics()
+        mc = model.config
+        if config.kv_cache_bytes is not None:
+            num_blocks = num_blocks_for_budget(mc, config.block_size, config.device, kv_cache_bytes=config.kv_cache_bytes)
+        else:
+            fraction = config.kv_cache_fraction or DEFAULT_KV_FRACTION
+            num_blocks = num_blocks_for_budget(mc, config.block_size, config.device, kv_cache_fraction=fraction)
+        self.runner = ModelRunner(model, num_blocks, config.block_size)
+        self.allocator = BlockAllocator(num_blocks, config.block_size, config.enable_prefix_cache)
+        self.scheduler = Scheduler(self.allocator, config.max_num_seqs, config.max_batch_tokens, config.max_wait_ms / 1000)
+        self.eos_ids = tuple(set(mc.eos_ids) | set(tokenizer.eos_ids))
+        self.max_model_len = min(mc.context_length, num_blocks * config.block_size)
+        self.ready = False
+        self._requests: dict[str, _Request] = {}
+        self._adds: deque[_Request] = deque()  # filled by any thread, drained by the engine thread
+        self._imports: deque[_Request] = deque()  # prefilled elsewhere; engine thread only
+        self.stats: dict[str, int] = {"queued": 0, "running": 0, "kv_blocks_free": num_blocks, "queued_prefill_tokens": 0}
+        self._aborts: deque[str] = deque()
+        self._submit_lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self._ids = itertools.count()
+        self._seen_prefix = (0, 0)
+
+    @classmethod
+    def from_dir(cls, model_dir: str | Path, config: EngineConfig, metrics: ServingMetrics | None = None) -> "LLMEngine":
+        model = load_model(model_dir, config.dtype, config.device)
+        return cls(model, Tokenizer(model_dir), config, metrics)
+
+    # ---- lifecycle -------------------------------------------------------------------------
+    def start(self) -> None:
+        if self._thread is None:
+            self._stopping = False
+            self._thread = threading.Thread(target=self._loop, name="tideflow-engine", daemon=True)
+            self._thread.start()
+
+    def stop(self) -> None:
+        self._stopping = True
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+            self._thread = None
+
+    def warm_up(self) -> None:
+        """One short generation through the whole path; the engine is ready after it."""
+        self.generate([self.tokenizer.encode("warm up") or [0]], SamplingParams(max_tokens=4))
+        self.ready = True
+
+    # ---- submission (any thread) -------------------------------------------------------------
+    def check(self, prompt_tokens: list[int], params: SamplingParams) -> None:
+        """Raise PromptTooLong if the request cannot fit the context or the KV cache."""
+        if not prompt_tokens:
+            raise PromptTooLong("the prompt is empty")
+        total = len(prompt_tokens) + params.max_tokens
+        if total > self.max_model_len:
+            raise PromptTooLong(
+                f"prompt ({len(prompt_tokens)} tokens) + max_tokens ({params.max_tokens}) = {total} exceeds "
+                f"the model's context of {self.max_model_len} tokens; shorten the prompt or lower max_tokens"
+            )
+
+    def submit(self, prompt_tokens: list[int], params: SamplingParams, sink: Sink, request_id: str | None = None,
+               handoff: Handoff | None = None) -> str:
+        """Queue a request. With `handoff`, the engine stops after the first token and exports the
+        prompt's KV for a decode worker (the prefill role)."""
+        self.check(prompt_tokens, params)
+        request_id = request_id or f"req-{next(self._ids)}"
+        seq = Sequence(request_id, list(prompt_tokens), params, make_generator(params), handoff=handoff)
+        return self._enqueue(self._new_request(seq, sink))
+
+    def submit_prefilled(self, prompt_tokens: list[int], params: SamplingParams, prefilled: HandoffResult,
+                         kv: memoryview, on_imported: Callable[[], None], sink: Sink, request_id: str | None = None) -> str:
+        """Continue a sequence another engine prefilled (the decode role): its KV bytes are
+        imported into fresh blocks and generation resumes from the first token."""
+        self.check(prompt_tokens, params)
+        request_id = request_id or f"req-{next(self._ids)}"
+        seq = Sequence(request_id, list(prompt_tokens), params, decode_generator(prefilled.generator_state))
+        seq.num_cached_prompt = prefilled.num_cached_tokens
+        req = self._new_request(seq, sink)
+        req.imported = _Import(prefilled.first_token, kv, on_imported)
+        return self._enqueue(req)
+
+    def _new_request(self, seq: Sequence, sink: Sink) -> _Request:
+        holdback = max((len(s) for s in seq.params.stop), default=1) - 1
+        return _Request(seq, sink, IncrementalDecoder(self.tokenizer), holdback)
+
+    def _enqueue(self, req: _Request) -> str:
+        with self._submit_lock:
+            if self.num_queued >= self.config.max_queue:
+                raise QueueFull(f"the queue holds {self.config.max_queue} waiting requests; retry later")
+            self._adds.append(req)
+        self._wake.set()
+        return req.seq.request_id
+
+    def stream(self, prompt_tokens: list[int], params: SamplingParams, request_id: str | None = None,
+               handoff: Handoff | None = None) -> RequestStream:
+        """Submit from a coroutine; iterate the returned stream with `async for`."""
+        stream = RequestStream(asyncio.get_running_loop())
+        stream.request_id = self.submit(prompt_tokens, params, stream.put, request_id, handoff)
+        return stream
+
+    def stream_prefilled(self, prompt_tokens: list[int], params: SamplingParams, prefilled: HandoffResult,
+                         kv: memoryview, on_imported: Callable[[], None]) -> RequestStream:
+        stream = RequestStream(asyncio.get_running_loop())
+        stream.request_id = self.submit_prefilled(prompt_tokens, params, prefilled, kv, on_imported, stream.put)
+        return stream
+
+    def abort(self, request_id: str) -> None:
+        """Cancel a request (client gone): its blocks are freed on the next engine iteration."""
+        self._aborts.append(request_id)
+        self._wake.set()
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams]) -> list[Result]:
+        """Blocking: submit all prompts at once, wait for every result (tests, benchmarks, warm-up)."""
+        plist = params if isinstance(params, list) else [params] * len(prompts)
+        outputs: queue.Queue[RequestOutput] = queue.Queue()
+        ids = [self.submit(p, sp, outputs.put) for p, sp in zip(prompts, plist)]
+        results = {i: Result() for i in ids}
+        pending = set(ids)
+        while pending:
+            out = outputs.get(timeout=600)
+            res = results[out.request_id]
+            res.token_ids += out.token_ids
+            res.text += out.text
+            if out.finished:
+                res.finish_reason, res.cached_tokens = out.finish_reason, out.cached_tokens
+                pending.discard(out.request_id)
+        return [results[i] for i in ids]
+
+    @property
+    def num_queued(self) -> int:
+        return len(self._adds) + self.scheduler.num_queued
+
+    @property
+    def num_running(self) -> int:
+        return len(self.scheduler.running)
+
+    # ---- the engine thread -------------------------------------------------------------------
+    def _loop(self) -> None:
+        while not self._stopping:
+            self._wake.clear()
+            self._drain_inbox()
+            now = time.monotonic()
+            plan = self.scheduler.schedule(now) if self.scheduler.has_work else None
+            if plan is None or not plan.batch:
+                wake_at = self.scheduler.wake_at()
+                self._wake.wait(None if wake_at is None else max(0.0, wake_at - now))
+                continue
+            self._run(plan)
+            self._observe(plan)
+        for req in list(self._requests.values()):
+            self._fail(req, "the engine stopped")
+
+    def _drain_inbox(self) -> None:
+        while self._adds:
+            req = self._adds.popleft()
+            self._requests[req.seq.request_id] = req
+            if req.imported is not None:
+                self._imports.append(req)
+                continue
+            self.metrics.prompt_tokens.inc(len(req.seq.prompt_tokens))
+            self.scheduler.add(req.seq, time.monotonic())
+        while self._imports and self._admit_import(self._imports[0]):
+            self._imports.popleft()
+        while self._aborts:
+            request_id = self._aborts.popleft()
+            seq = self.scheduler.abort(request_id)
+            req = self._requests.pop(request_id, None)
+            if seq is not None and req is not None:
+                self.metrics.requests.labels("aborted").inc()
+                req.sink(self._output(req, [], "", "abort"))
+
+    def _admit_import(self, req: _Request) -> bool:
+        """Place a prefilled sequence's KV into fresh blocks and resume it; False to retry later."""
+        seq, imp = req.seq, req.imported
+        if seq.request_id not in self._requests:  # aborted while waiting
+            imp.on_imported()
+            return True
+        try:
+            blocks = self.allocator.allocate_blocks(self.allocator.blocks_for(len(seq.prompt_tokens)))
+        except OutOfBlocks:
+            if self.scheduler.running:
+                return False  # blocks free up as running sequences finish
+            imp.on_imported()
+            self._fail(req, "the prompt's KV does not fit this decode worker's cache")
+            return True
+        try:
+            import_blocks(self.runner.kv_cache, blocks, imp.kv)
+        finally:
+            imp.on_imported()
+        seq.block_table, seq.num_computed = blocks, len(seq.prompt_tokens)
+        seq.status, seq.admitted = SeqStatus.RUNNING, True
+        self.allocator.commit(seq)
+        self.scheduler.running.append(seq)
+        self.scheduler.running.sort(key=lambda s: s.arrival)
+        self._on_token(req, imp.first_token, time.monotonic())
+        return True
+
+    def _hand_off(self, req: _Request, tok: int, now: float) -> None:
+        """Prefill role: export the prompt's blocks, report the first token, finish here."""
+        seq = req.seq
+        blocks = seq.block_table[: self.allocator.blocks_for(len(seq.prompt_tokens))]
+        try:
+            desc = export_kv(self.runner.kv_cache, blocks, seq.handoff)
+        except Exception as exc:
+            self.scheduler.abort(seq.request_id)
+            self._fail(req, f"KV export failed: {exc}")
+            return
+        result = HandoffResult(first_token=tok, descriptor=desc, generator_state=encode_generator(seq.generator),
+                               num_cached_tokens=seq.num_cached_prompt)
+        self.metrics.ttft.observe(now - seq.arrival)
+        self.scheduler.finish(seq, "handoff")
+        del self._requests[seq.request_id]
+        self.metrics.requests.labels("handoff").inc()
+        out = self._output(req, [], "", "handoff")
+        out.handoff = result
+        req.sink(out)
+
+    def _run(self, plan: StepPlan) -> None:
+        steps = [
+            SeqStep(_slice(item.seq, item.seq.num_computed, item.num_new), item.seq.num_computed, item.seq.block_table)
+            for item in plan.batch
+        ]
+        done = [item for item in plan.batch if item.completes]
+        self.metrics.prefill_tokens.inc(
+            sum(i.num_new for i in plan.batch if not (i.num_new == 1 and i.completes and i.seq.output_tokens))
+        )
+        try:
+            logits = self.runner.step(steps)
+            rows = [i for i, item in enumerate(plan.batch) if item.completes]
+            if len(rows) != len(plan.batch):
+                logits = logits[rows]
+            tokens = sample(logits, [i.seq.params for i in done], [i.seq.generator for i in done])
+        except Exception as exc:  # a failed step fails its requests with the reason, never silently
+            log.exception("engine step failed")
+            for item in plan.batch:
+                self.scheduler.abort(item.seq.request_id)
+                req = self._requests.get(item.seq.request_id)
+                if req is not None:
+                    self._fail(req, f"engine step failed: {exc}")
+            return
+        self.scheduler.advance(plan)
+        now = time.monotonic()
+        for item, tok in zip(done, tokens):
+            self._on_token(self._requests[item.seq.request_id], tok, now)
+
+    def _on_token(self, req: _Request, tok: int, now: float) -> None:
+        seq = req.seq
+        if seq.handoff is not None:
+            self._hand_off(req, tok, now)
+            return
+        seq.output_tokens.append(tok)
+        m = self.metrics
+        m.generation_tokens.inc()
+        if req.first_token_at is None:
+            req.first_token_at = now
+            m.ttft.observe(now - seq.arrival)
+        else:
+            m.itl.observe(now - req.last_token_at)
+        req.last_token_at = now
+        req.decoder.push(tok)
+        reason = finish_reason(tok, len(seq.output_tokens), req.decoder.text, seq.params, self.eos_ids)
+        if reason is None:
+            visible = len(req.decoder.text) - req.holdback
+            text = req.decoder.text[req.sent_chars : visible] if visible > req.sent_chars else ""
+            req.sent_chars += len(text)
+            req.sink(self._output(req, [tok], text, None))
+            return
+        final = self.tokenizer.decode(seq.output_tokens)
+        cut = find_stop(final, seq.params.stop) if seq.params.stop else None
+        final = final if cut is None else final[:cut]
+        new = [] if (not seq.params.ignore_eos and tok in self.eos_ids) else [tok]
+        if not new:
+            seq.output_tokens.pop()
+        self.scheduler.finish(seq, reason)
+        del self._requests[seq.request_id]
+        n = len(seq.output_tokens)
+        m.e2e.observe(now - seq.arrival)
+        if n > 1:
+            m.tpot.observe((now - req.first_token_at) / (n - 1))
+        m.requests.labels(reason).inc()
+        req.sink(self._output(req, new, final[req.sent_chars :], reason))
+
+    def _fail(self, req: _Request, why: str) -> None:
+        self._requests.pop(req.seq.request_id, None)
+        self.metrics.requests.labels("error").inc()
+        req.sink(self._output(req, [], "", "error", error=why))
+
+    def _output(self, req: _Request, tokens: list[int], text: str, reason: str | None, error: str | None = None) -> RequestOutput:
+        seq = req.seq
+        return RequestOutput(seq.request_id, tokens, text, reason, len(seq.prompt_tokens), len(seq.output_tokens),
+                             seq.num_cached_prompt, error)
+
+    def _observe(self, plan: StepPlan) -> None:
+        m, stats = self.metrics, self.scheduler.prefix_stats
+        m.batch_size.observe(len(plan.batch))
+        if plan.departed:
+            m.departure_size.observe(plan.departed)
+        if plan.preempted:
+            m.preemptions.inc(plan.preempted)
+        m.prefix_queried.inc(stats.queried - self._seen_prefix[0])
+        m.prefix_hit.inc(stats.hit - self._seen_prefix[1])
+        self._seen_prefix = (stats.queried, stats.hit)
+        m.queue_depth.set(self.num_queued)
+        m.running.set(len(self.scheduler.running))
+        self.stats = {"queued": self.num_queued, "running": len(self.scheduler.running),
+                      "kv_blocks_free": self.allocator.num_free,
+                      "queued_prefill_tokens": sum(s.num_uncomputed for s in self.scheduler.waiting)}
+        m.kv_used.set(self.allocator.num_used)
+        m.kv_free.set(self.allocator.num_free)
+
+
+def _slice(seq: Sequence, start: int, n: int) -> list[int]:
+    """seq.tokens[start:start+n] without concatenating prompt and output (the decode hot path)."""
+    p = len(seq.prompt_tokens)
+    if start >= p:
+        return seq.output_tokens[start - p : start - p + n]
+    if start + n <= p:
+        return seq.prompt_tokens[start : start + n]
+    return seq.prompt_tokens[start:] + seq.output_tokens[: start + n - p]

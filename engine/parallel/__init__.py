@@ -1,0 +1,1 @@
+"""Expert parallelism: process groups, token dispatch/combine, DEP ranks and expert load statistics."""

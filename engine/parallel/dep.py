@@ -1,0 +1,181 @@
+"""One rank of a DEP<n> instance: attention for its own requests, a shard of every MoE layer's experts.
+
+Step protocol: every rank calls `step` for every step of the instance, with its own batch or an
+empty one. The ranks first agree (all_reduce) whether anyone has work; if so a rank without work
+runs an empty pass that still joins each MoE layer's dispatch/combine, so collectives always pair
+up layer by layer. `rebalance` is also collective and runs between steps: KV caches are untouched,
+only expert weights move (from the peer holding them), so in-flight requests continue unchanged.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import torch
+import torch.distributed as dist
+from prometheus_client import CollectorRegistry
+from pydantic import BaseModel, ConfigDict, Field
+
+from engine.eplb import Placement
+from engine.expert_lb import ExpertLB, ExpertLBConfig
+from engine.model.loader import load_model, read_config
+from engine.model_runner import ModelRunner, SeqStep
+from engine.parallel.dispatch import Exchange, ExchangeKind, ExpertDispatch, as_bytes, from_bytes
+from engine.parallel.dist import DistConfig
+from engine.parallel.expert_load import ExpertLoadStats
+
+
+class DEPConfig(BaseModel):
+    """What every rank of a DEP instance loads and how its experts are balanced."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    model_dir: str = Field(description="Hugging Face checkpoint directory")
+    dtype: str | None = Field(None, description="override config.json's dtype (float32 | bfloat16)")
+    num_blocks: int = Field(64, gt=0, description="KV cache blocks per rank")
+    block_size: int = Field(16, gt=0, description="tokens per KV block")
+    exchange: ExchangeKind = Field("alltoall", description="dispatch/combine transport (see engine.parallel.dispatch)")
+    window_steps: int = Field(64, gt=0, description="sliding window of the expert load statistics, in steps")
+    lb: ExpertLBConfig = Field(default_factory=ExpertLBConfig, description="expert LB / EPLB settings")
+
+
+class DEPRank:
+    """Loads this rank's experts, installs the dispatcher on every MoE layer, runs lockstep steps."""
+
+    def __init__(self, dist_config: DistConfig, config: DEPConfig, placement: Placement | None = None,
+                 registry: CollectorRegistry | None = None) -> None:
+        self.rank, self.world = dist_config.rank, dist_config.world_size
+        self.device = dist_config.device
+        model_config = read_config(config.model_dir, config.dtype)
+        self.moe_index = [i for i in range(model_config.num_layers) if model_config.is_moe_layer(i)]
+        placement = placement or Placement.contiguous(len(self.moe_index), model_config.num_experts, self.world)
+        if placement.num_ranks != self.world or placement.num_layers != len(self.moe_index):
+            raise ValueError(f"placement is for {placement.num_ranks} ranks x {placement.num_layers} MoE layers; "
+                             f"this instance has {self.world} ranks x {len(self.moe_index)} MoE layers")
+        shards: list[list[int]] = [[] for _ in range(model_config.num_layers)]
+        for j, layer in enumerate(self.moe_index):
+            shards[layer] = placement.rank_experts(j, self.rank)
+        self.model = load_model(config.model_dir, config.dtype, self.device, expert_ids=shards)
+        self.config = self.model.config
+        self.runner = ModelRunner(self.model, config.num_blocks, config.block_size)
+        self.exchange = Exchange(config.exchange, self.rank, self.world, self.device)
+        self.dispatch = ExpertDispatch(self.exchange, placement.slots_per_rank)
+        self.lb = ExpertLB(placement, config.lb)
+        self.stats = ExpertLoadStats(len(self.moe_index), self.config.num_experts, config.window_steps, registry)
+        self.steps = 0
+        for j, moe in enumerate(self.model.moe_layers()):
+            moe.dispatcher = partial(self._dispatch, j)
+            moe.load_observer = partial(self.stats.observe, j)
+
+    @property
+    def placement(self) -> Placement:
+        return self.lb.placement
+
+    def _dispatch(self, layer: int, x, weights, ids, experts):
+        return self.dispatch(x, weights, self.lb.choose(layer, ids, offset=self.rank), experts)
+
+    def step(self, seqs: list[SeqStep]) -> torch.Tensor:
+        """Collective. Logits [len(seqs), vocab] for this rank's sequences ([0, vocab] with none)."""
+        empty = torch.empty(0, self.config.vocab_size, device=self.device)
+        if self._sum(int(bool(seqs))) == 0:
+            return empty
+        if seqs:
+            logits = self.runner.step(seqs)
+        else:
+            self._empty_pass()
+            logits = empty
+        self.stats.end_step()
+        self.steps += 1
+        return logits
+
+    def _empty_pass(self) -> None:
+        """Join every MoE layer's dispatch/combine with zero tokens, in layer order."""
+        c = self.config
+        x = torch.empty(0, c.hidden_size, dtype=c.torch_dtype, device=self.device)
+        weights = torch.empty(0, c.experts_per_token, dtype=c.torch_dtype, device=self.device)
+        ids = torch.empty(0, c.experts_per_token, dtype=torch.int64, device=self.device)
+        with torch.inference_mode():
+            for moe in self.model.moe_layers():
+                moe.dispatcher(x, weights, ids, moe.experts)
+
+    def _sum(self, value: int) -> int:
+        if self.world == 1:
+            return value
+        t = torch.tensor([value], dtype=torch.int64, device=self.device)
+        dist.all_reduce(t)
+        return int(t)
+
+    def global_load(self) -> torch.Tensor:
+        """Collective. [MoE layers, experts] window load summed over all ranks."""
+        load = self.stats.window_load().to(self.device)
+        if self.world > 1:
+            dist.all_reduce(load)
+        return load.cpu()
+
+    def rebalance(self, placement: Placement | None = None) -> Placement | None:
+        """Collective. Apply `placement`, or the expert LB's plan for the global load; returns what was applied.
+
+        Rank 0 plans and broadcasts, so every rank applies the same placement.
+        """
+        if placement is None:
+            load = self.global_load()
+            placement = self.lb.plan(load) if self.rank == 0 else None
+            flag = torch.tensor([placement is not None], dtype=torch.int64, device=self.device)
+            if self.world > 1:
+                dist.broadcast(flag, 0)
+            if not int(flag):
+                return None
+            width = self.config.num_experts + self.lb.config.num_redundant
+            table = torch.tensor(placement.phy2log if placement else [[0] * width] * len(self.moe_index),
+                                 dtype=torch.int64, device=self.device)
+            if self.world > 1:
+                dist.broadcast(table, 0)
+            placement = Placement(num_logical=self.config.num_experts, num_ranks=self.world, phy2log=table.tolist())
+        self._move_weights(placement)
+        return placement
+
+    def _move_weights(self, new: Placement) -> None:
+        """Fill this rank's new slots: copy experts it already holds, receive the rest from their holder."""
+        old = self.lb.placement
+        moes = self.model.moe_layers()
+        plan: list[tuple[int, int, int, int, int]] = []  # (layer, dst rank, dst slot, src rank, src slot)
+        for j in range(new.num_layers):
+            holders = [old.rank_experts(j, r) for r in range(self.world)]
+            for dst in range(self.world):
+                for slot, expert in enumerate(new.rank_experts(j, dst)):
+                    src = dst if expert in holders[dst] else min(r for r in range(self.world) if expert in holders[r])
+                    plan.append((j, dst, slot, src, holders[src].index(expert)))
+        counts = torch.zeros(self.world, self.world, dtype=torch.int64)
+        chunks: list[list[torch.Tensor]] = [[] for _ in range(self.world)]
+        for j, dst, _, src, src_slot in plan:
+            if src != dst:
+                counts[src, dst] += 1
+                if src == self.rank:
+                    chunks[dst].append(self._expert_row(moes[j].experts, src_slot))
+        width = self._expert_row(moes[0].experts, 0).shape[1]
+        empty = torch.empty(0, width, dtype=torch.uint8, device=self.device)
+        inbox = [iter(b) for b in self.exchange.exchange([torch.cat(c) if c else empty for c in chunks], counts)]
+        for j, moe in enumerate(moes):
+            e = moe.experts
+            rows = []
+            for layer, dst, slot, src, src_slot in plan:
+                if layer == j and dst == self.rank:
+                    rows.append(self._expert_row(e, src_slot) if src == dst else next(inbox[src]).unsqueeze(0))
+            split = e.w13[0].numel() * e.w13.element_size()
+            flat = torch.cat(rows)
+            w13 = from_bytes(flat[:, :split], e.w13.dtype).view(-1, *e.w13.shape[1:])
+            w2 = from_bytes(flat[:, split:], e.w2.dtype).view(-1, *e.w2.shape[1:])
+            e.w13 = torch.nn.Parameter(w13, requires_grad=False)
+            e.w2 = torch.nn.Parameter(w2, requires_grad=False)
+            e.local_experts = new.rank_experts(j, self.rank)
+            local_of = torch.full_like(e.local_of, -1)
+            for slot, expert in reversed(list(enumerate(e.local_experts))):
+                local_of[expert] = slot
+            e.local_of = local_of
+        self.dispatch.slots = new.slots_per_rank
+        self.lb.set_placement(new)
+
+    @staticmethod
+    def _expert_row(experts, slot: int) -> torch.Tensor:
+        """One expert's w13 and w2 as a single [1, bytes] row."""
+        return torch.cat((as_bytes(experts.w13[slot].reshape(1, -1)), as_bytes(experts.w2[slot].reshape(1, -1))), 1)

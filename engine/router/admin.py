@@ -1,0 +1,51 @@
+"""Client of the router's admin API (the group manager and the canary use it)."""
+
+from __future__ import annotations
+
+import httpx
+
+from engine.errors import TideflowError
+from engine.router.registry import Endpoint, GroupRegistration
+
+
+class RouterAdminError(TideflowError):
+    """The router refused or did not answer an admin call."""
+
+
+class RouterAdmin:
+    def __init__(self, url: str, admin_key: str, timeout_s: float = 5.0) -> None:
+        self.url = url.rstrip("/")
+        self._client = httpx.Client(base_url=self.url, headers={"authorization": f"Bearer {admin_key}"},
+                                    timeout=timeout_s, trust_env=False)
+
+    def _call(self, method: str, path: str, **kw) -> dict:
+        try:
+            r = self._client.request(method, path, **kw)
+        except httpx.HTTPError as exc:
+            raise RouterAdminError(f"router {self.url} did not answer {method} {path}: {exc}") from None
+        if r.status_code >= 400:
+            raise RouterAdminError(f"router {self.url} refused {method} {path}: {r.status_code} {r.text[:200]}")
+        return r.json()
+
+    def register(self, name: str, version: str, endpoints: list[Endpoint], weight: float = 1.0) -> None:
+        reg = GroupRegistration(name=name, version=version, endpoints=endpoints, weight=weight)
+        self._call("POST", "/admin/groups", json=reg.model_dump())
+
+    def deregister(self, name: str) -> None:
+        try:
+            self._call("DELETE", f"/admin/groups/{name}")
+        except RouterAdminError as exc:
+            if " 404 " not in str(exc):
+                raise
+
+    def set_weights(self, weights: dict[str, float]) -> dict[str, float]:
+        return self._call("PUT", "/admin/weights", json={"weights": weights})["weights"]
+
+    def groups(self) -> list[dict]:
+        return self._call("GET", "/admin/groups")["groups"]
+
+    def inflight(self, name: str) -> int:
+        return next((g["inflight"] for g in self.groups() if g["name"] == name), 0)
+
+    def close(self) -> None:
+        self._client.close()

@@ -1,0 +1,137 @@
+"""The gateway: OpenAI API in front of a group set, plus an admin API for the group manager."""
+
+from __future__ import annotations
+
+import json
+import os
+from contextlib import asynccontextmanager
+
+import httpx
+from fastapi import Depends, FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import BaseModel, Field, ValidationError
+
+from engine.router.config import RouterConfig
+from engine.router.health import HealthMonitor
+from engine.router.metrics import RouterMetrics
+from engine.router.prompt import PromptPreparer
+from engine.router.proxy import Proxy
+from engine.router.ratelimit import RateLimiter
+from engine.router.registry import GroupRegistration, Registry
+from engine.server.auth import BearerAuth
+from engine.server.errors import APIError, error_response, install_error_handlers, validation_message
+from engine.server.protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
+
+UPSTREAM_KEY_ENV = "TIDEFLOW_UPSTREAM_API_KEY"
+ADMIN_KEYS_ENV = "TIDEFLOW_ADMIN_KEYS"
+
+
+class WeightsUpdate(BaseModel):
+    weights: dict[str, float] = Field(description="group name -> traffic weight (>= 0)")
+
+
+def create_router_app(config: RouterConfig, api_keys: list[str], admin_keys: list[str],
+                      upstream_key: str | None = None) -> FastAPI:
+    if not admin_keys:
+        raise ValueError(f"the router's admin API needs a key: set {ADMIN_KEYS_ENV}")
+    registry = Registry()
+    metrics = RouterMetrics()
+    auth, admin_auth = BearerAuth(api_keys), BearerAuth(admin_keys)
+    limiter = RateLimiter(config.rate_limit_rps, config.rate_limit_burst) if config.rate_limit_rps else None
+    preparer = PromptPreparer(config.model_dir) if config.model_dir else None
+    headers = {"authorization": f"Bearer {upstream_key}"} if upstream_key else {}
+    state: dict = {}
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        limits = httpx.Limits(max_connections=1024, max_keepalive_connections=256)
+        async with httpx.AsyncClient(limits=limits, headers=headers, trust_env=False) as client:
+            monitor = HealthMonitor(registry, client, config.health_interval_s, config.eject_after, config.readmit_after)
+            state["proxy"] = Proxy(config, registry, client, metrics, preparer.prepare if preparer else _no_pd, headers)
+            monitor.start()
+            yield
+            await monitor.stop()
+
+    app = FastAPI(title="tideflow router", lifespan=lifespan, docs_url=None, redoc_url=None)
+    install_error_handlers(app)
+
+    def client_key(request: Request) -> None:
+        auth(request)
+        if limiter is not None:
+            key = request.headers.get("authorization", "anonymous")
+            if not limiter.allow(key):
+                metrics.rate_limited.inc()
+                raise APIError(429, "rate limit reached for this API key; slow down and retry", code="rate_limit_exceeded")
+
+    @app.get("/health")
+    async def health() -> dict:
+        return {"status": "alive"}
+
+    @app.get("/ready", dependencies=[Depends(auth)])
+    async def ready() -> JSONResponse:
+        routable = [g.reg.name for g in registry.groups() if g.routable]
+        return JSONResponse({"ready": bool(routable), "groups": routable}, status_code=200 if routable else 503)
+
+    @app.get("/metrics", dependencies=[Depends(auth)])
+    async def prom() -> Response:
+        metrics.refresh(registry.groups())
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/models", dependencies=[Depends(client_key)])
+    async def models() -> ModelList:
+        return ModelList(data=[ModelCard(id=config.model_name)])
+
+    async def forward(request: Request, api: str, model_cls) -> Response:
+        raw = await request.body()
+        try:
+            parsed = model_cls.model_validate_json(raw)
+        except ValidationError as exc:
+            message, param = validation_message(list(exc.errors()))
+            return error_response(400, message, param, "invalid_value")
+        if parsed.model != config.model_name:
+            return error_response(404, f"model {parsed.model!r} does not exist; this router serves {config.model_name!r}",
+                                  "model", "model_not_found")
+        return await state["proxy"].serve(api, json.loads(raw), raw)
+
+    @app.post("/v1/completions", dependencies=[Depends(client_key)])
+    async def completions(request: Request) -> Response:
+        return await forward(request, "completions", CompletionRequest)
+
+    @app.post("/v1/chat/completions", dependencies=[Depends(client_key)])
+    async def chat(request: Request) -> Response:
+        return await forward(request, "chat/completions", ChatCompletionRequest)
+
+    @app.get("/admin/groups", dependencies=[Depends(admin_auth)])
+    async def list_groups() -> dict:
+        return {"groups": [g.summary() for g in registry.groups()]}
+
+    @app.post("/admin/groups", dependencies=[Depends(admin_auth)])
+    async def register(reg: GroupRegistration) -> dict:
+        registry.register(reg)
+        return {"registered": reg.name}
+
+    @app.delete("/admin/groups/{name}", dependencies=[Depends(admin_auth)])
+    async def deregister(name: str) -> dict:
+        if not registry.deregister(name):
+            raise APIError(404, f"no group named {name!r} is registered", "name")
+        return {"deregistered": name}
+
+    @app.put("/admin/weights", dependencies=[Depends(admin_auth)])
+    async def weights(update: WeightsUpdate) -> dict:
+        try:
+            registry.set_weights(update.weights)
+        except (KeyError, ValueError) as exc:
+            raise APIError(400, str(exc).strip("'\""), "weights") from None
+        return {"weights": {g.reg.name: g.reg.weight for g in registry.groups()}}
+
+    app.state.registry = registry
+    return app
+
+
+def _no_pd(api: str, body: dict) -> list[int]:
+    raise APIError(500, "this router has no model_dir, so it cannot serve disaggregated groups")
+
+
+def keys_from_env(name: str) -> list[str]:
+    return [k.strip() for k in os.environ.get(name, "").split(",") if k.strip()]

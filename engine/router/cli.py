@@ -1,0 +1,38 @@
+"""`tideflow router`: run the gateway process."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def add_commands(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("router", help="run the OpenAI gateway in front of a group set")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8080)
+    p.add_argument("--model-name", default="default", help="model id clients ask for")
+    p.add_argument("--model-dir", type=Path, default=None, help="checkpoint dir (tokenizer for PD groups)")
+    p.add_argument("--api-key-file", type=Path, default=None, help="client keys, one per line (also $TIDEFLOW_API_KEYS)")
+    p.add_argument("--rate-limit-rps", type=float, default=None, help="requests/s per API key")
+    p.add_argument("--request-timeout-s", type=float, default=300.0)
+    p.add_argument("--max-attempts", type=int, default=3)
+    p.add_argument("--health-interval-s", type=float, default=0.5)
+    p.set_defaults(func=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    import os
+
+    import uvicorn
+
+    from engine.router.app import ADMIN_KEYS_ENV, UPSTREAM_KEY_ENV, create_router_app, keys_from_env
+    from engine.router.config import RouterConfig
+    from engine.server.auth import load_api_keys
+
+    config = RouterConfig(host=args.host, port=args.port, model_name=args.model_name, model_dir=args.model_dir,
+                          rate_limit_rps=args.rate_limit_rps, request_timeout_s=args.request_timeout_s,
+                          max_attempts=args.max_attempts, health_interval_s=args.health_interval_s)
+    app = create_router_app(config, load_api_keys(args.api_key_file), keys_from_env(ADMIN_KEYS_ENV),
+                            os.environ.get(UPSTREAM_KEY_ENV))
+    uvicorn.run(app, host=config.host, port=config.port, log_level="warning", timeout_graceful_shutdown=5)
+    return 0

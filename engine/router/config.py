@@ -1,0 +1,25 @@
+"""Router settings (one pydantic model; the CLI and the group spec fill it)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+
+
+class RouterConfig(BaseModel):
+    host: str = Field("127.0.0.1", description="bind address; loopback unless told otherwise")
+    port: int = Field(8080, ge=0, le=65535, description="OpenAI API port (0 = any free port)")
+    model_name: str = Field("default", description="model id clients ask for")
+    model_dir: Path | None = Field(None, description="checkpoint dir for the tokenizer (needed for PD groups)")
+    block_size: int = Field(16, ge=1, description="KV block size, for prefix-affinity hashes")
+    request_timeout_s: float = Field(300.0, gt=0, description="whole-request deadline")
+    connect_timeout_s: float = Field(5.0, gt=0, description="upstream connect deadline")
+    first_token_timeout_s: float = Field(120.0, gt=0, description="deadline for an upstream's first byte")
+    max_attempts: int = Field(3, ge=1, le=10, description="tries of a stage that failed before any token was sent")
+    health_interval_s: float = Field(0.5, gt=0, description="period of the /ready probes")
+    eject_after: int = Field(2, ge=1, description="failed probes before an endpoint is ejected")
+    readmit_after: int = Field(2, ge=1, description="passed probes before an ejected endpoint is re-admitted")
+    rate_limit_rps: float | None = Field(None, gt=0, description="requests per second per API key (None = off)")
+    rate_limit_burst: int = Field(20, ge=1, description="bucket size of the per-key limiter")
+    affinity_threshold_tokens: int = Field(2048, ge=0, description="prefill LB: queued-token gap beyond which load beats cache affinity")

@@ -1,0 +1,67 @@
+"""Active health checks: probe every endpoint's /ready, eject after N failures, re-admit after M passes.
+
+The same loop refreshes each endpoint's load figures from /internal/stats for the balancers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import httpx
+
+from engine.router.registry import EndpointState, Registry
+
+log = logging.getLogger(__name__)
+
+
+class HealthMonitor:
+    def __init__(self, registry: Registry, client: httpx.AsyncClient, interval_s: float, eject_after: int,
+                 readmit_after: int) -> None:
+        self.registry, self.client = registry, client
+        self.interval_s, self.eject_after, self.readmit_after = interval_s, eject_after, readmit_after
+        self._task: asyncio.Task | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run())
+
+    async def stop(self) -> None:
+        if self._task:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    async def _run(self) -> None:
+        while True:
+            endpoints = [e for g in self.registry.groups() for e in g.endpoints]
+            await asyncio.gather(*(self.probe(e) for e in endpoints))
+            await asyncio.sleep(self.interval_s)
+
+    async def probe(self, e: EndpointState) -> None:
+        try:
+            ready = await self.client.get(e.endpoint.url + "/ready", timeout=self.interval_s * 4)
+            ok = ready.status_code == 200
+            if ok:
+                stats = await self.client.get(e.endpoint.url + "/internal/stats", timeout=self.interval_s * 4)
+                if stats.status_code == 200:
+                    e.stats = stats.json()
+        except (httpx.HTTPError, ValueError):
+            ok = False
+        self.observe(e, ok)
+
+    def observe(self, e: EndpointState, ok: bool) -> None:
+        if ok:
+            e.fails, e.passes = 0, e.passes + 1
+            if not e.healthy and e.passes >= self.readmit_after:
+                e.healthy = True
+                log.warning("router: re-admitted %s (%s)", e.endpoint.url, e.endpoint.role)
+        else:
+            e.passes, e.fails = 0, e.fails + 1
+            if e.healthy and e.fails >= self.eject_after:
+                self.eject(e, "failed health checks")
+
+    @staticmethod
+    def eject(e: EndpointState, why: str) -> None:
+        """Passive ejection too: a connection failure while forwarding takes the endpoint out at once."""
+        if e.healthy:
+            log.warning("router: ejected %s (%s): %s", e.endpoint.url, e.endpoint.role, why)
+        e.healthy, e.passes = False, 0

@@ -1,0 +1,52 @@
+"""What the router exports per group and version: the canary gates read these."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from engine.server.metrics import LATENCY_BUCKETS
+
+LABELS = ("group", "version")
+
+
+class RouterMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        r = self.registry = registry if registry is not None else CollectorRegistry()
+        self._requests = Counter("tideflow_router_requests_total", "client requests by group, version and outcome",
+                                 (*LABELS, "status"), registry=r)
+        self._ttft = Histogram("tideflow_router_time_to_first_token_seconds", "client-seen time to first token",
+                               LABELS, buckets=LATENCY_BUCKETS, registry=r)
+        self._tpot = Histogram("tideflow_router_time_per_output_token_seconds", "client-seen time per output token",
+                               LABELS, buckets=LATENCY_BUCKETS, registry=r)
+        self._e2e = Histogram("tideflow_router_e2e_request_latency_seconds", "client-seen request latency",
+                              LABELS, buckets=LATENCY_BUCKETS, registry=r)
+        self._tokens = Counter("tideflow_router_output_tokens_total", "tokens relayed to clients", LABELS, registry=r)
+        self._retries = Counter("tideflow_router_retries_total", "stage retries before any token was sent", LABELS, registry=r)
+        self.unrouted = Counter("tideflow_router_unrouted_total", "requests no group could serve", registry=r)
+        self.rate_limited = Counter("tideflow_router_rate_limited_total", "requests refused by the per-key limiter", registry=r)
+        self.group_weight = Gauge("tideflow_router_group_weight", "traffic weight per group", LABELS, registry=r)
+        self.group_routable = Gauge("tideflow_router_group_routable", "1 when every member is healthy", LABELS, registry=r)
+
+    def requests(self, group, status: str):
+        return self._requests.labels(group.reg.name, group.reg.version, status)
+
+    def retries(self, group):
+        return self._retries.labels(group.reg.name, group.reg.version)
+
+    def observe(self, group, status: str, meter) -> None:
+        labels = (group.reg.name, group.reg.version)
+        self._requests.labels(*labels, status).inc()
+        if status != "ok":
+            return
+        if meter.ttft is not None:
+            self._ttft.labels(*labels).observe(meter.ttft)
+        if meter.tpot is not None:
+            self._tpot.labels(*labels).observe(meter.tpot)
+        if meter.end is not None:
+            self._e2e.labels(*labels).observe(meter.end - meter.t0)
+        self._tokens.labels(*labels).inc(meter.tokens)
+
+    def refresh(self, groups) -> None:
+        for g in groups:
+            self.group_weight.labels(g.reg.name, g.reg.version).set(g.reg.weight)
+            self.group_routable.labels(g.reg.name, g.reg.version).set(1 if g.routable else 0)

@@ -1,0 +1,266 @@
+"""One client request through the group set: pick a group, run its stages, relay the stream.
+
+Colocated groups get the client's request as it came. Disaggregated groups run the stages
+themselves: prefill (prefix-affinity LB) computes the KV cache and the first token, decode
+(KV-aware LB) pulls that KV and streams the rest. A stage that fails before any byte reached
+the client is retried elsewhere (bounded); after that, the client gets an error event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass, field
+from typing import AsyncIterator
+
+import httpx
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from engine.kv_cache import block_hash
+from engine.router.balancer import DecodeBalancer, LeastQueuedBalancer, PrefillBalancer
+from engine.router.config import RouterConfig
+from engine.router.health import HealthMonitor
+from engine.router.metrics import RouterMetrics
+from engine.router.registry import EndpointState, GroupState, Registry
+from engine.server.errors import error_response
+
+
+class UpstreamFailed(Exception):
+    """Retryable: nothing reached the client yet."""
+
+
+class UpstreamRejected(Exception):
+    """The upstream refused the request itself (4xx): passed to the client as is."""
+
+    def __init__(self, status: int, body: bytes) -> None:
+        super().__init__(status)
+        self.status, self.body = status, body
+
+
+@dataclass
+class Opened:
+    """An upstream response whose status is OK and whose first event (if streaming) is buffered."""
+
+    response: httpx.Response
+    head: list[str] = field(default_factory=list)
+    body: bytes | None = None
+    endpoints: list[EndpointState] = field(default_factory=list)
+
+
+class Proxy:
+    def __init__(self, config: RouterConfig, registry: Registry, client: httpx.AsyncClient, metrics: RouterMetrics,
+                 prepare_prompt, upstream_headers: dict[str, str]) -> None:
+        self.config, self.registry, self.client, self.metrics = config, registry, client, metrics
+        self.prepare_prompt = prepare_prompt  # (api, body) -> prompt token ids, for PD groups
+        self.headers = upstream_headers
+        self.prefill_lb = PrefillBalancer(config.affinity_threshold_tokens)
+        self.decode_lb = DecodeBalancer()
+        self.colocated_lb = LeastQueuedBalancer()
+
+    async def serve(self, api: str, body: dict, raw: bytes) -> Response:
+        t0 = time.monotonic()
+        deadline = t0 + self.config.request_timeout_s
+        stream = bool(body.get("stream"))
+        tried: set[str] = set()
+        last = "no group is ready to serve"
+        for attempt in range(self.config.max_attempts):
+            group = self.registry.choose(exclude=tried) or (self.registry.choose() if tried else None)
+            if group is None:
+                break
+            tried.add(group.reg.name)
+            if attempt:
+                self.metrics.retries(group).inc()
+            group.inflight += 1
+            try:
+                opened = await self._open(group, api, body, raw, stream, deadline)
+            except UpstreamFailed as exc:
+                group.inflight -= 1
+                last = str(exc)
+                continue
+            except UpstreamRejected as exc:
+                group.inflight -= 1
+                self.metrics.requests(group, "rejected").inc()
+                return Response(exc.body, status_code=exc.status, media_type="application/json")
+            except BaseException:
+                group.inflight -= 1
+                raise
+            if stream:
+                return StreamingResponse(self._relay(group, opened, t0, deadline), media_type="text/event-stream")
+            return self._finish_json(group, opened, t0)
+        self.metrics.unrouted.inc()
+        return error_response(503, f"request failed on every try: {last}", code="upstream_unavailable")
+
+    async def _open(self, group: GroupState, api: str, body: dict, raw: bytes, stream: bool, deadline: float) -> Opened:
+        if not group.disaggregated:
+            target = self.colocated_lb.choose(group.by_role("colocated") or _fail("no healthy colocated member"))
+            return await self._post(target, f"/v1/{api}", raw, stream, deadline)
+        prompt = self.prepare_prompt(api, body)
+        hashes = _block_hashes(prompt, self.config.block_size)
+        prefill = await self._prefill(group, prompt, body, hashes, deadline)
+        decode_body = json.dumps({"api": api, "request": body, "prompt_token_ids": prompt, **prefill}).encode()
+        target = self.decode_lb.choose(group.by_role("decode") or _fail("no healthy decode member"))
+        return await self._post(target, "/internal/decode", decode_body, stream, deadline)
+
+    async def _prefill(self, group: GroupState, prompt: list[int], body: dict, hashes: list[int], deadline: float) -> dict:
+        """Bounded retries across the group's prefill instances; returns the handover for decode."""
+        last = "no healthy prefill member"
+        for _ in range(self.config.max_attempts):
+            candidates = group.by_role("prefill")
+            if not candidates:
+                break
+            target = self.prefill_lb.choose(candidates, hashes)
+            target.queued_prefill_tokens += len(prompt)
+            try:
+                opened = await self._post(target, "/internal/prefill",
+                                          json.dumps({"prompt_token_ids": prompt, "request": body}).encode(), False, deadline)
+            except UpstreamFailed as exc:
+                last = str(exc)
+                continue
+            finally:
+                target.queued_prefill_tokens -= len(prompt)
+            self.prefill_lb.record(target, hashes)
+            return json.loads(opened.body)
+        raise UpstreamFailed(last)
+
+    async def _post(self, target: EndpointState, path: str, content: bytes, stream: bool, deadline: float) -> Opened:
+        url = target.endpoint.url + path
+        remaining = max(0.1, deadline - time.monotonic())
+        timeout = httpx.Timeout(min(self.config.first_token_timeout_s, remaining), connect=self.config.connect_timeout_s)
+        target.inflight += 1
+        try:
+            request = self.client.build_request("POST", url, content=content, timeout=timeout,
+                                                headers={**self.headers, "content-type": "application/json"})
+            response = await self.client.send(request, stream=True)
+        except httpx.TimeoutException:
+            target.inflight -= 1
+            raise UpstreamFailed(f"{url} did not answer within {timeout.read:.0f}s") from None
+        except httpx.TransportError as exc:
+            target.inflight -= 1
+            HealthMonitor.eject(target, f"connection failed: {exc.__class__.__name__}")
+            raise UpstreamFailed(f"{url}: {exc.__class__.__name__}") from None
+        try:
+            if response.status_code >= 500:
+                text = (await response.aread()).decode(errors="replace")[:300]
+                raise UpstreamFailed(f"{url} answered {response.status_code}: {text}")
+            if response.status_code >= 400:
+                raise UpstreamRejected(response.status_code, await response.aread())
+            if not stream:
+                return Opened(response, body=await response.aread(), endpoints=[target])
+            head = await self._read_head(response, deadline)
+            return Opened(response, head=head, endpoints=[target])
+        except (UpstreamFailed, UpstreamRejected):
+            await response.aclose()
+            target.inflight -= 1
+            raise
+        except (httpx.HTTPError, asyncio.TimeoutError) as exc:
+            await response.aclose()
+            target.inflight -= 1
+            raise UpstreamFailed(f"{url} broke before its first event: {exc.__class__.__name__}") from None
+        finally:
+            if not stream:
+                target.inflight -= 1
+
+    async def _read_head(self, response: httpx.Response, deadline: float) -> list[str]:
+        """Lines up to and including the first data event, so a failure here is still retryable."""
+        lines: list[str] = []
+        iterator = response.aiter_lines()
+        response.extensions["tideflow_lines"] = iterator
+        while True:
+            line = await asyncio.wait_for(iterator.__anext__(), timeout=max(0.1, deadline - time.monotonic()))
+            lines.append(line)
+            if line.startswith("data:"):
+                if '"error"' in line[:20]:
+                    raise UpstreamFailed(f"upstream error before the first token: {line[5:].strip()[:300]}")
+                return lines
+
+    async def _relay(self, group: GroupState, opened: Opened, t0: float, deadline: float) -> AsyncIterator[str]:
+        meter = StreamMeter(t0)
+        status = "error"
+        try:
+            for line in opened.head:
+                meter.see(line)
+                yield line + "\n"
+            iterator = opened.response.extensions["tideflow_lines"]
+            async with asyncio.timeout(max(0.1, deadline - time.monotonic())):
+                async for line in iterator:
+                    meter.see(line)
+                    yield line + "\n"
+            status = "error" if meter.errored else "ok"
+        except (httpx.HTTPError, TimeoutError, asyncio.TimeoutError) as exc:
+            status = "timeout" if isinstance(exc, (TimeoutError, asyncio.TimeoutError)) else "error"
+            why = "request deadline passed" if status == "timeout" else f"upstream failed mid-stream: {exc.__class__.__name__}"
+            yield f'data: {json.dumps({"error": {"message": why, "type": "server_error", "code": status}})}\n\n'
+        finally:
+            await opened.response.aclose()
+            for e in opened.endpoints:
+                e.inflight -= 1
+            group.inflight -= 1
+            self.metrics.observe(group, status, meter)
+
+    def _finish_json(self, group: GroupState, opened: Opened, t0: float) -> Response:
+        group.inflight -= 1
+        meter = StreamMeter(t0)
+        try:
+            meter.tokens = int(json.loads(opened.body)["usage"]["completion_tokens"])
+        except (ValueError, KeyError, TypeError):
+            pass
+        meter.end = time.monotonic()
+        self.metrics.observe(group, "ok", meter)
+        return Response(opened.body, media_type="application/json")
+
+
+class StreamMeter:
+    """TTFT, TPOT and token count as seen by the client, from the SSE events relayed."""
+
+    def __init__(self, t0: float) -> None:
+        self.t0 = t0
+        self.first: float | None = None
+        self.end: float | None = None
+        self.tokens = 0
+        self.errored = False
+
+    def see(self, line: str) -> None:
+        if not line.startswith("data:"):
+            return
+        payload = line[5:].strip()
+        now = time.monotonic()
+        self.end = now
+        if payload == "[DONE]":
+            return
+        try:
+            event = json.loads(payload)
+        except ValueError:
+            return
+        if "error" in event:
+            self.errored = True
+            return
+        for choice in event.get("choices") or ():
+            text = choice.get("text") or (choice.get("delta") or {}).get("content")
+            if text:
+                self.tokens += 1
+                self.first = self.first or now
+        if event.get("usage"):
+            self.tokens = max(self.tokens, int(event["usage"].get("completion_tokens", 0)))
+
+    @property
+    def ttft(self) -> float | None:
+        return None if self.first is None else self.first - self.t0
+
+    @property
+    def tpot(self) -> float | None:
+        if self.first is None or self.end is None or self.tokens < 2:
+            return None
+        return (self.end - self.first) / (self.tokens - 1)
+
+
+def _block_hashes(tokens: list[int], block_size: int) -> list[int]:
+    hashes, prev = [], None
+    for i in range(0, len(tokens) - block_size + 1, block_size):
+        prev = block_hash(prev, tokens[i : i + block_size])
+        hashes.append(prev)
+    return hashes
+
+
+def _fail(why: str):
+    raise UpstreamFailed(why)

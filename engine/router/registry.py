@@ -1,0 +1,107 @@
+"""The groups a router serves: their endpoints, health, weights and in-flight counts."""
+
+from __future__ import annotations
+
+import threading
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+Role = Literal["encoder", "prefill", "decode", "colocated"]
+
+
+class Endpoint(BaseModel):
+    url: str = Field(pattern=r"^https?://[^/]+$", description="base URL of one instance's leader")
+    role: Role
+    instance: int = Field(0, ge=0)
+
+
+class GroupRegistration(BaseModel):
+    """What a GroupManager registers once every member of a group is ready."""
+
+    name: str = Field(min_length=1, max_length=63)
+    version: str = Field(min_length=1, max_length=63)
+    endpoints: list[Endpoint] = Field(min_length=1)
+    weight: float = Field(1.0, ge=0.0, description="relative traffic share; 0 = drain")
+
+
+class EndpointState:
+    def __init__(self, endpoint: Endpoint) -> None:
+        self.endpoint = endpoint
+        self.healthy = True
+        self.fails = 0
+        self.passes = 0
+        self.inflight = 0
+        self.queued_prefill_tokens = 0
+        self.stats: dict = {}
+
+
+class GroupState:
+    def __init__(self, reg: GroupRegistration) -> None:
+        self.reg = reg
+        self.endpoints = [EndpointState(e) for e in reg.endpoints]
+        self.current_weight = 0.0  # smooth weighted round robin state
+        self.inflight = 0
+
+    def by_role(self, role: Role) -> list[EndpointState]:
+        return [e for e in self.endpoints if e.endpoint.role == role and e.healthy]
+
+    @property
+    def routable(self) -> bool:
+        """Atomic: one unhealthy member takes the whole group out."""
+        return self.reg.weight > 0 and all(e.healthy for e in self.endpoints)
+
+    @property
+    def disaggregated(self) -> bool:
+        return not any(e.endpoint.role == "colocated" for e in self.endpoints)
+
+    def summary(self) -> dict:
+        return {"name": self.reg.name, "version": self.reg.version, "weight": self.reg.weight,
+                "routable": self.routable, "inflight": self.inflight,
+                "endpoints": [{"url": e.endpoint.url, "role": e.endpoint.role, "healthy": e.healthy,
+                               "inflight": e.inflight} for e in self.endpoints]}
+
+
+class Registry:
+    def __init__(self) -> None:
+        self._groups: dict[str, GroupState] = {}
+        self._lock = threading.Lock()
+
+    def register(self, reg: GroupRegistration) -> None:
+        with self._lock:
+            self._groups[reg.name] = GroupState(reg)
+
+    def deregister(self, name: str) -> bool:
+        with self._lock:
+            return self._groups.pop(name, None) is not None
+
+    def set_weights(self, weights: dict[str, float]) -> None:
+        with self._lock:
+            unknown = sorted(set(weights) - set(self._groups))
+            if unknown:
+                raise KeyError(f"unknown groups: {', '.join(unknown)}")
+            for name, w in weights.items():
+                if w < 0:
+                    raise ValueError(f"weight of {name} must be >= 0")
+                self._groups[name].reg.weight = w
+
+    def groups(self) -> list[GroupState]:
+        with self._lock:
+            return list(self._groups.values())
+
+    def get(self, name: str) -> GroupState | None:
+        with self._lock:
+            return self._groups.get(name)
+
+    def choose(self, exclude: set[str] = frozenset()) -> GroupState | None:
+        """Smooth weighted round robin over routable groups: exact shares, evenly interleaved."""
+        with self._lock:
+            live = [g for g in self._groups.values() if g.routable and g.reg.name not in exclude]
+            if not live:
+                return None
+            total = sum(g.reg.weight for g in live)
+            for g in live:
+                g.current_weight += g.reg.weight
+            best = max(live, key=lambda g: g.current_weight)
+            best.current_weight -= total
+            return best

@@ -1,0 +1,92 @@
+"""`tideflow serve --model DIR`: one colocated engine behind the OpenAI-compatible API."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from engine.errors import TideflowError
+
+log = logging.getLogger(__name__)
+
+
+def add_commands(subparsers) -> None:
+    p = subparsers.add_parser("serve", help="serve a checkpoint directory over the OpenAI API")
+    p.add_argument("--model", required=True, help="Hugging Face checkpoint directory")
+    p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--api-key-file", help="file with one API key per line (also: $TIDEFLOW_API_KEYS, comma-separated)")
+    p.add_argument("--served-model-name", help="model id clients send (default: the directory's name)")
+    p.add_argument("--max-num-seqs", type=int)
+    p.add_argument("--max-batch-tokens", type=int)
+    budget = p.add_mutually_exclusive_group()
+    budget.add_argument("--kv-cache-bytes", type=int)
+    budget.add_argument("--kv-cache-fraction", type=float)
+    p.add_argument("--block-size", type=int)
+    p.add_argument("--max-wait-ms", type=float, help="shuttle window; 0 dispatches arrivals at once")
+    p.add_argument("--max-queue", type=int)
+    p.add_argument("--dtype", choices=["float32", "bfloat16"])
+    p.add_argument("--device")
+    p.add_argument("--role", choices=["colocated", "prefill", "decode"], default="colocated",
+                   help="colocated: the whole request; prefill/decode: one stage of a disaggregated group")
+    p.add_argument("--kv-transport", choices=["shm", "tcp"], default="shm",
+                   help="KV transfer between prefill and decode (shm: same host, tcp: across hosts)")
+    p.add_argument("--metrics-group", default="", help="group label on every metric")
+    p.add_argument("--metrics-version", default="", help="version label on every metric")
+    p.set_defaults(func=serve)
+
+
+def engine_config(args: argparse.Namespace):
+    """EngineConfig from the flags that were given; the rest keep EngineConfig's defaults."""
+    from engine.llm_engine import EngineConfig
+
+    names = ("max_num_seqs", "max_batch_tokens", "kv_cache_bytes", "kv_cache_fraction", "block_size", "max_wait_ms",
+             "max_queue", "dtype", "device")
+    given = {n: getattr(args, n) for n in names if getattr(args, n) is not None}
+    return EngineConfig(model_name=args.served_model_name or Path(args.model).resolve().name, **given)
+
+
+def serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from engine.llm_engine import LLMEngine
+    from engine.server.app import create_app
+    from engine.server.auth import load_api_keys
+    from engine.server.metrics import MetricFactory, ServingMetrics
+    from kernels.loader import load_cached
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        config = engine_config(args)
+        keys = load_api_keys(args.api_key_file)
+        load_cached("native")
+        metrics = ServingMetrics(MetricFactory(group=args.metrics_group, version=args.metrics_version, role=args.role))
+        engine = LLMEngine.from_dir(args.model, config, metrics)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        print(f"tideflow serve: --{'-'.join(str(p) for p in first['loc']).replace('_', '-')}: {first['msg']}", file=sys.stderr)
+        return 2
+    except (TideflowError, OSError, ValueError) as exc:
+        print(f"tideflow serve: {exc}", file=sys.stderr)
+        return 1
+    log.info("serving %s on http://%s:%d (%d KV blocks of %d tokens)", config.model_name, args.host, args.port,
+             engine.allocator.num_blocks, config.block_size)
+    app = create_app(engine, config.model_name, keys, transport=None if args.role == "colocated" else args.kv_transport)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m engine.serve_cli serve ...` until the top-level `tideflow` parser includes it."""
+    parser = argparse.ArgumentParser(prog="tideflow")
+    add_commands(parser.add_subparsers(required=True))
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,200 @@
+"""FastAPI app factory: the OpenAI-compatible routes over one LLMEngine, plus health and metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from contextlib import asynccontextmanager
+from typing import AsyncIterator
+
+from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from engine.llm_engine import LLMEngine, RequestOutput, RequestStream
+from engine.server.auth import BearerAuth
+from engine.server.errors import APIError, error_response, install_error_handlers
+from engine.server.pd_routes import pd_routes
+from engine.server.requests import prepare
+from engine.transfer import TransportKind
+from engine.server.protocol import (
+    ChatChoice, ChatCompletionChunk, ChatCompletionRequest, ChatCompletionResponse, ChatDelta, ChatMessageOut,
+    ChatStreamChoice, CompletionChoice, CompletionRequest, CompletionResponse, ErrorDetail, ErrorResponse, ModelCard, ModelList,
+    new_id, usage,
+)
+
+log = logging.getLogger(__name__)
+
+
+def create_app(engine: LLMEngine, model_name: str, api_keys: list[str] | None = None, warm_up: bool = True,
+               transport: TransportKind | None = None) -> FastAPI:
+    """The app starts the engine thread and warms it up in the background; /ready turns 200 after."""
+    auth = BearerAuth(api_keys or [])
+    if not auth.enabled:
+        log.warning("no API keys configured: every route is open (set TIDEFLOW_API_KEYS or --api-key-file)")
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        engine.start()
+        if warm_up:
+            threading.Thread(target=_warm, args=(engine,), name="tideflow-warm-up", daemon=True).start()
+        try:
+            yield
+        finally:
+            engine.stop()
+
+    app = FastAPI(title="tideflow engine", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    install_error_handlers(app, on_error=lambda status: engine.metrics.requests.labels(f"http_{status}").inc())
+
+    @app.get("/health")
+    async def health() -> dict:
+        return {"status": "alive"}
+
+    def require_ready() -> None:
+        if not engine.ready:
+            raise APIError(503, "the model is loading or warming up; retry shortly", code="not_ready")
+
+    open_routes = APIRouter(dependencies=[Depends(auth)])
+    served = APIRouter(dependencies=[Depends(auth), Depends(require_ready)])
+
+    @open_routes.get("/ready")
+    async def ready() -> JSONResponse:
+        if not engine.ready:
+            return error_response(503, "the model is loading or warming up", code="not_ready")
+        return JSONResponse({"status": "ready", "model": model_name})
+
+    @open_routes.get("/internal/stats")
+    async def stats() -> dict:
+        """Load figures the router's balancers read."""
+        return {"ready": engine.ready, **engine.stats}
+
+    @open_routes.get("/metrics")
+    async def metrics() -> Response:
+        body, content_type = engine.metrics.render()
+        return Response(body, media_type=content_type)
+
+    @served.get("/v1/models")
+    async def models() -> ModelList:
+        return ModelList(data=[ModelCard(id=model_name)])
+
+    async def respond_completion(body: CompletionRequest, request: Request, stream: RequestStream):
+        rid = new_id("cmpl")
+        if body.stream:
+            def chunk(out: RequestOutput) -> str:
+                return CompletionResponse(id=rid, model=model_name, choices=[
+                    CompletionChoice(text=out.text, finish_reason=_reason(out))]).model_dump_json(exclude_none=True)
+
+            def last(out: RequestOutput) -> str:
+                return CompletionResponse(id=rid, model=model_name, choices=[],
+                                          usage=usage(out.prompt_tokens, out.completion_tokens)).model_dump_json()
+
+            return _sse(engine, stream, None, chunk, last if body.include_usage else None)
+        text, out = await _collect(engine, stream, request)
+        return CompletionResponse(id=rid, model=model_name, choices=[CompletionChoice(text=text, finish_reason=_reason(out))],
+                                  usage=usage(out.prompt_tokens, out.completion_tokens))
+
+    async def respond_chat(body: ChatCompletionRequest, request: Request, stream: RequestStream):
+        rid = new_id("chatcmpl")
+        if body.stream:
+            def make(delta: ChatDelta, reason: str | None) -> str:
+                return ChatCompletionChunk(id=rid, model=model_name, choices=[
+                    ChatStreamChoice(delta=delta, finish_reason=reason)]).model_dump_json(exclude_none=True)
+
+            def chunk(out: RequestOutput) -> str:
+                return make(ChatDelta(content=out.text), _reason(out))
+
+            def last(out: RequestOutput) -> str:
+                return ChatCompletionChunk(id=rid, model=model_name, choices=[],
+                                           usage=usage(out.prompt_tokens, out.completion_tokens)).model_dump_json()
+
+            return _sse(engine, stream, make(ChatDelta(role="assistant", content=""), None), chunk,
+                        last if body.include_usage else None)
+        text, out = await _collect(engine, stream, request)
+        return ChatCompletionResponse(
+            id=rid, model=model_name, usage=usage(out.prompt_tokens, out.completion_tokens),
+            choices=[ChatChoice(message=ChatMessageOut(content=text), finish_reason=_reason(out))],
+        )
+
+    @served.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request):
+        prompt, params = prepare(engine, model_name, body)
+        return await respond_completion(body, request, engine.stream(prompt, params))
+
+    @served.post("/v1/chat/completions")
+    async def chat(body: ChatCompletionRequest, request: Request):
+        prompt, params = prepare(engine, model_name, body)
+        return await respond_chat(body, request, engine.stream(prompt, params))
+
+    if transport is not None:
+        served.include_router(pd_routes(engine, model_name, transport, respond_completion, respond_chat))
+
+    app.include_router(open_routes)
+    app.include_router(served)
+    return app
+
+
+def _warm(engine: LLMEngine) -> None:
+    try:
+        engine.warm_up()
+    except Exception:
+        log.exception("warm-up failed: the engine stays not ready")
+
+
+def _reason(out: RequestOutput) -> str | None:
+    """OpenAI finish reasons: stop, length; an aborted request ends as stop of what was generated."""
+    return None if out.finish_reason is None else ("length" if out.finish_reason == "length" else "stop")
+
+
+async def _collect(engine: LLMEngine, stream: RequestStream, request: Request) -> tuple[str, RequestOutput]:
+    """Gather a whole response; a client that goes away cancels the request (frees its blocks)."""
+    watcher = asyncio.create_task(_abort_on_disconnect(engine, stream.request_id, request))
+    parts: list[str] = []
+    last: RequestOutput | None = None
+    try:
+        async for out in stream:
+            parts.append(out.text)
+            last = out
+    finally:
+        watcher.cancel()
+        if last is None or not last.finished:
+            engine.abort(stream.request_id)
+    if last.error is not None:
+        raise APIError(500, last.error, code="engine_error")
+    return "".join(parts), last
+
+
+async def _abort_on_disconnect(engine: LLMEngine, request_id: str, request: Request) -> None:
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            engine.abort(request_id)
+            return
+
+
+def _sse(engine: LLMEngine, stream: RequestStream, first: str | None, chunk, last) -> StreamingResponse:
+    """Server-sent events: one chunk per output with text; closing the stream cancels the request."""
+
+    async def events() -> AsyncIterator[str]:
+        finished = False
+        try:
+            if first is not None:
+                yield f"data: {first}\n\n"
+            async for out in stream:
+                if out.error is not None:
+                    error = ErrorResponse(error=ErrorDetail(message=out.error, type="server_error", code="engine_error"))
+                    yield f"data: {error.model_dump_json()}\n\n"
+                    finished = True
+                    break
+                if out.text or out.finished:
+                    yield f"data: {chunk(out)}\n\n"
+                if out.finished:
+                    finished = True
+                    if last is not None:
+                        yield f"data: {last(out)}\n\n"
+            yield "data: [DONE]\n\n"
+        finally:
+            if not finished:
+                engine.abort(stream.request_id)
+
+    return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+

@@ -1,0 +1,45 @@
+"""Bearer API keys: loaded from env or a file, checked in constant time, never logged."""
+
+from __future__ import annotations
+
+import hmac
+import os
+from pathlib import Path
+
+from fastapi import Request
+
+from engine.server.errors import APIError
+
+API_KEYS_ENV = "TIDEFLOW_API_KEYS"
+
+
+def load_api_keys(key_file: str | Path | None = None, environ: dict[str, str] | None = None) -> list[str]:
+    """Keys from $TIDEFLOW_API_KEYS (comma-separated) and/or a file (one key per line, # comments)."""
+    env = os.environ if environ is None else environ
+    keys = [k.strip() for k in env.get(API_KEYS_ENV, "").split(",") if k.strip()]
+    if key_file is not None:
+        lines = Path(key_file).read_text().splitlines()
+        keys += [ln.strip() for ln in lines if ln.strip() and not ln.lstrip().startswith("#")]
+    return keys
+
+
+class BearerAuth:
+    """FastAPI dependency; with no keys configured every request is let through."""
+
+    def __init__(self, keys: list[str]) -> None:
+        self._keys = [k.encode() for k in keys]
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self._keys)
+
+    def __call__(self, request: Request) -> None:
+        if not self._keys:
+            return
+        header = request.headers.get("authorization", "")
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() != "bearer" or not token:
+            raise APIError(401, "missing API key: send 'Authorization: Bearer <key>'", code="invalid_api_key")
+        given = token.strip().encode()
+        if not any(hmac.compare_digest(given, k) for k in self._keys):
+            raise APIError(401, "incorrect API key provided", code="invalid_api_key")

@@ -1,0 +1,82 @@
+"""OpenAI-style error objects and the handlers that turn every failure into one."""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from engine.llm_engine import EngineError
+from engine.server.protocol import ErrorDetail, ErrorResponse
+
+log = logging.getLogger(__name__)
+
+ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "invalid_request_error",
+               405: "invalid_request_error", 429: "rate_limit_error", 503: "service_unavailable_error"}
+
+
+_TYPE_TAGS = {"str", "int", "float", "bool", "dict", "list"}
+
+
+class APIError(Exception):
+    """Raised by routes; answered as {"error": {message, type, param, code}} with `status`."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+
+
+def error_response(status: int, message: str, param: str | None = None, code: str | None = None) -> JSONResponse:
+    body = ErrorResponse(error=ErrorDetail(message=message, type=ERROR_TYPES.get(status, "server_error"), param=param, code=code))
+    return JSONResponse(body.model_dump(), status_code=status)
+
+
+def validation_message(errors: list[dict]) -> tuple[str, str | None]:
+    """The first pydantic error as (message naming the field, param)."""
+    first = errors[0]
+    if first.get("type") == "json_invalid":
+        return f"the request body is not valid JSON: {first.get('ctx', {}).get('error', first['msg'])}", None
+    # union members add their type's name to the location (prompt.list[int].0): keep the field path
+    loc = [str(p) for p in first.get("loc", ()) if p != "body" and str(p) not in _TYPE_TAGS and "[" not in str(p)]
+    param = ".".join(loc) or None
+    return (f"{param}: {first['msg']}" if param else first["msg"]), param
+
+
+def install_error_handlers(app: FastAPI, on_error=None) -> None:
+    """`on_error(status)` is called for every error answered (metrics)."""
+
+    def answer(status: int, message: str, param: str | None = None, code: str | None = None) -> JSONResponse:
+        if on_error is not None:
+            on_error(status)
+        return error_response(status, message, param, code)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        message, param = validation_message(list(exc.errors()))
+        return answer(400, message, param, "invalid_value")
+
+    @app.exception_handler(ValidationError)
+    async def _invalid_params(request: Request, exc: ValidationError) -> JSONResponse:
+        message, param = validation_message(exc.errors())
+        return answer(400, message, param, "invalid_value")
+
+    @app.exception_handler(APIError)
+    async def _api(request: Request, exc: APIError) -> JSONResponse:
+        return answer(exc.status, exc.message, exc.param, exc.code)
+
+    @app.exception_handler(EngineError)
+    async def _engine(request: Request, exc: EngineError) -> JSONResponse:
+        return answer(exc.status, str(exc), exc.param, type(exc).__name__)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return answer(exc.status_code, str(exc.detail))
+
+    @app.exception_handler(Exception)
+    async def _crash(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error on %s", request.url.path)
+        return answer(500, "internal server error; the server log has the details")

@@ -1,0 +1,61 @@
+"""Internal routes of disaggregated roles: /internal/prefill on prefill workers, /internal/decode on decode.
+
+The router calls them: prefill answers with the first token and where its KV waits; decode pulls
+that KV (bounded by a timeout, off the engine thread) and answers the client's request in the
+OpenAI format, as /v1/... would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from fastapi import APIRouter, Request
+from engine.llm_engine import LLMEngine
+from engine.pd import DecodeRequest, Handoff, HandoffResult, PrefillRequest, new_transfer_id
+from engine.server.errors import APIError
+from engine.server.requests import check_model, check_token_ids, params_for, parse_body
+from engine.transfer import KVTransferError, TransportKind, make_receiver, make_sender
+
+KV_FETCH_TIMEOUT_S = 30.0
+
+
+def pd_routes(engine: LLMEngine, model_name: str, transport: TransportKind, respond_completion, respond_chat,
+              fetch_timeout_s: float = KV_FETCH_TIMEOUT_S) -> APIRouter:
+    routes = APIRouter()
+    sender = make_sender(transport)
+    receiver = make_receiver(transport)
+
+    @routes.post("/internal/prefill")
+    async def prefill(body: PrefillRequest) -> HandoffResult:
+        parsed = parse_body("chat/completions" if "messages" in body.request else "completions", body.request)
+        check_model(parsed.model, model_name)
+        check_token_ids(body.prompt_token_ids, engine.model.config.vocab_size)
+        params = params_for(parsed, len(body.prompt_token_ids), engine.max_model_len)
+        handoff = Handoff(sender, new_transfer_id())
+        stream = engine.stream(body.prompt_token_ids, params, handoff=handoff)
+        async for out in stream:
+            if out.error is not None:
+                raise APIError(500, out.error, code="engine_error")
+            if out.handoff is not None:
+                return out.handoff
+        raise APIError(500, "prefill ended without a handoff", code="engine_error")
+
+    @routes.post("/internal/decode")
+    async def decode(body: DecodeRequest, request: Request):
+        parsed = parse_body(body.api, body.request)
+        check_model(parsed.model, model_name)
+        params = params_for(parsed, len(body.prompt_token_ids), engine.max_model_len)
+        try:
+            kv = await asyncio.to_thread(receiver.fetch, body.descriptor, fetch_timeout_s)
+        except KVTransferError as exc:
+            raise APIError(502, str(exc), code="kv_transfer_failed") from None
+
+        def release() -> None:
+            kv.release()
+            receiver.release(body.descriptor)
+
+        stream = engine.stream_prefilled(body.prompt_token_ids, params, body, kv, release)
+        respond = respond_chat if body.api == "chat/completions" else respond_completion
+        return await respond(parsed, request, stream)
+
+    return routes

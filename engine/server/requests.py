@@ -1,0 +1,62 @@
+"""From an OpenAI request body to prompt token ids and sampling params, checked against the engine."""
+
+from __future__ import annotations
+
+from pydantic import ValidationError
+
+from engine.sampling import SamplingParams
+from engine.server.errors import APIError, validation_message
+from engine.server.protocol import ChatCompletionRequest, CompletionRequest
+from engine.tokenizer import Tokenizer
+
+Body = CompletionRequest | ChatCompletionRequest
+
+
+def prompt_ids(tokenizer: Tokenizer, body: Body) -> list[int]:
+    """Chat requests go through the chat template; completions take text or token ids."""
+    if isinstance(body, ChatCompletionRequest):
+        return tokenizer.encode(tokenizer.apply_chat_template(body.messages))
+    return tokenizer.encode(body.prompt) if isinstance(body.prompt, str) else list(body.prompt)
+
+
+def params_for(body: Body, prompt_len: int, max_model_len: int) -> SamplingParams:
+    if isinstance(body, ChatCompletionRequest):
+        max_tokens = body.max_completion_tokens or body.max_tokens or max(max_model_len - prompt_len, 1)
+    else:
+        max_tokens = body.max_tokens or 16
+    try:
+        return body.sampling_params(max_tokens)
+    except ValidationError as exc:
+        message, param = validation_message(exc.errors())
+        raise APIError(400, message, param, "invalid_value") from None
+
+
+def check_model(requested: str, served: str) -> None:
+    if requested != served:
+        raise APIError(404, f"the model '{requested}' does not exist; this server serves '{served}'",
+                       param="model", code="model_not_found")
+
+
+def check_token_ids(prompt: list[int], vocab: int) -> None:
+    bad = next((t for t in prompt if not 0 <= t < vocab), None)
+    if bad is not None:
+        raise APIError(400, f"prompt holds token id {bad}, outside the vocabulary [0, {vocab})", param="prompt",
+                       code="invalid_value")
+
+
+def prepare(engine, model_name: str, body: Body) -> tuple[list[int], SamplingParams]:
+    """Prompt token ids and sampling params of a request to `engine` (an LLMEngine)."""
+    check_model(body.model, model_name)
+    prompt = prompt_ids(engine.tokenizer, body)
+    check_token_ids(prompt, engine.model.config.vocab_size)
+    return prompt, params_for(body, len(prompt), engine.max_model_len)
+
+
+def parse_body(api: str, raw: dict) -> Body:
+    """Validate a body that came as a plain dict (through the router's internal hop)."""
+    model = ChatCompletionRequest if api == "chat/completions" else CompletionRequest
+    try:
+        return model.model_validate(raw)
+    except ValidationError as exc:
+        message, param = validation_message(list(exc.errors()))
+        raise APIError(400, message, param, "invalid_value") from None

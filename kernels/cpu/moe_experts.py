@@ -1,0 +1,12 @@
+"""Compiled CPU MoE experts (sort by expert, SwiGLU grouped GEMM, weighted scatter)."""
+
+from __future__ import annotations
+
+
+def make(lib):
+    op = lib.moe_experts
+
+    def moe_experts(x, w13, w2, topk_weights, topk_ids):
+        return op(x, w13, w2, topk_weights, topk_ids)
+
+    return moe_experts

@@ -1,0 +1,127 @@
+// MoE experts: counting-sort the (token, slot) pairs by expert, then per expert group run the
+// SwiGLU MLP and scatter the weighted result into an fp32 accumulator. Small groups (decode)
+// use a fused loop that streams each weight row once for all the group's tokens; large groups
+// (prefill) call at::mm on the gathered rows.
+#pragma once
+#include <vector>
+
+#include "common.h"
+
+namespace tideflow {
+
+constexpr int64_t kFusedGroupMax = 8;
+
+inline float silu(float v) { return v / (1.f + vexp(-v)); }
+
+// One expert, n <= kFusedGroupMax tokens: act = silu(x W_gate^T) * (x W_up^T), out += w * act W2^T.
+template <typename T, typename WT>
+void expert_fused(const T* x, const WT* w13, const WT* w2, const int64_t* toks, const float* gate_w,
+                  int64_t n, int64_t hidden, int64_t inter, float* act, float* out) {
+  const bool par = n * hidden * inter >= kParallelGrain;
+#pragma omp parallel for schedule(static) if (par)
+  for (int64_t j = 0; j < inter; ++j) {
+    const WT* g = w13 + j * hidden;
+    const WT* u = w13 + (inter + j) * hidden;
+    for (int64_t a = 0; a < n; ++a) {
+      const T* xa = x + toks[a] * hidden;
+      act[a * inter + j] = silu(dot(g, xa, hidden)) * dot(u, xa, hidden);
+    }
+  }
+#pragma omp parallel for schedule(static) if (par)
+  for (int64_t j = 0; j < hidden; ++j) {
+    const WT* d = w2 + j * inter;
+    for (int64_t a = 0; a < n; ++a) out[toks[a] * hidden + j] += gate_w[a] * dot(d, act + a * inter, inter);
+  }
+}
+
+// One expert, large group: gathered rows through at::mm in the input dtype (as the reference).
+template <typename T>
+void expert_mm(const at::Tensor& x, const at::Tensor& w13e, const at::Tensor& w2e,
+               const std::vector<int64_t>& toks, const std::vector<float>& gate_w, int64_t inter,
+               float* out) {
+  const int64_t n = int64_t(toks.size()), hidden = x.size(1);
+  auto idx = at::from_blob(const_cast<int64_t*>(toks.data()), {n}, at::kLong);
+  auto h = at::mm(x.index_select(0, idx), w13e.t());
+  auto act = at::empty({n, inter}, x.options());
+  const T* hp = cptr<T>(h);
+  T* ap = mptr<T>(act);
+#pragma omp parallel for schedule(static) if (n * inter >= kParallelGrain)
+  for (int64_t a = 0; a < n; ++a)
+#pragma omp simd
+    for (int64_t j = 0; j < inter; ++j)
+      ap[a * inter + j] = from_f<T>(silu(to_f(hp[a * 2 * inter + j])) * to_f(hp[a * 2 * inter + inter + j]));
+  auto y = at::mm(act, w2e.t()).contiguous();
+  const T* yp = cptr<T>(y);
+#pragma omp parallel for schedule(static) if (n * hidden >= kParallelGrain)
+  for (int64_t j0 = 0; j0 < hidden; j0 += 256) {  // column tiles: tokens may repeat across slots
+    const int64_t j1 = std::min(hidden, j0 + 256);
+    for (int64_t a = 0; a < n; ++a) {
+      float* o = out + toks[a] * hidden;
+      const T* ya = yp + a * hidden;
+#pragma omp simd
+      for (int64_t j = j0; j < j1; ++j) o[j] += gate_w[a] * to_f(ya[j]);
+    }
+  }
+}
+
+inline at::Tensor moe_experts(const at::Tensor& x_in, const at::Tensor& w13_in,
+                              const at::Tensor& w2_in, const at::Tensor& topk_weights,
+                              const at::Tensor& topk_ids) {
+  TORCH_CHECK(x_in.dim() == 2 && w13_in.dim() == 3 && w2_in.dim() == 3,
+              "moe_experts: expected x [T, H], w13 [E, 2I, H], w2 [E, H, I]");
+  auto x = x_in.contiguous();
+  auto w13 = w13_in.contiguous();
+  auto w2 = w2_in.contiguous();
+  const int64_t tokens = x.size(0), hidden = x.size(1), experts = w13.size(0);
+  const int64_t inter = w2.size(2), k = topk_ids.size(1);
+  TORCH_CHECK(w13.size(1) == 2 * inter && w13.size(2) == hidden && w2.size(1) == hidden,
+              "moe_experts: weight shapes w13 ", w13.sizes(), " w2 ", w2.sizes(),
+              " do not match hidden ", hidden);
+  TORCH_CHECK(x.scalar_type() == w13.scalar_type() && x.scalar_type() == w2.scalar_type(),
+              "moe_experts: x and weights must share a dtype");
+  auto ids = topk_ids.to(at::kLong).contiguous();
+  auto tw = topk_weights.to(at::kFloat).contiguous();
+  const int64_t* idp = ids.data_ptr<int64_t>();
+  const float* twp = tw.data_ptr<float>();
+
+  // Counting sort of the valid (token, slot) pairs by expert; ids < 0 live on another rank.
+  std::vector<int64_t> offsets(experts + 1, 0);
+  for (int64_t a = 0; a < tokens * k; ++a) {
+    TORCH_CHECK(idp[a] < experts, "moe_experts: expert id ", idp[a], " >= ", experts);
+    if (idp[a] >= 0) ++offsets[idp[a] + 1];
+  }
+  for (int64_t e = 0; e < experts; ++e) offsets[e + 1] += offsets[e];
+  std::vector<int64_t> cursor(offsets.begin(), offsets.end() - 1);
+  std::vector<int64_t> sorted_tok(offsets[experts]);
+  std::vector<float> sorted_w(offsets[experts]);
+  for (int64_t a = 0; a < tokens * k; ++a) {
+    if (idp[a] < 0) continue;
+    const int64_t slot = cursor[idp[a]]++;
+    sorted_tok[slot] = a / k;
+    sorted_w[slot] = twp[a];
+  }
+
+  auto acc = at::zeros({tokens, hidden}, x.options().dtype(at::kFloat));
+  float* out = acc.data_ptr<float>();
+  std::vector<float> act(kFusedGroupMax * inter);
+  dispatch(x, "moe_experts", [&](auto tag) {
+    using T = decltype(tag);
+    for (int64_t e = 0; e < experts; ++e) {
+      const int64_t n = offsets[e + 1] - offsets[e];
+      if (n == 0) continue;
+      const int64_t s = offsets[e];
+      if (n <= kFusedGroupMax) {
+        expert_fused<T, T>(cptr<T>(x), cptr<T>(w13) + e * 2 * inter * hidden,
+                           cptr<T>(w2) + e * hidden * inter, sorted_tok.data() + s,
+                           sorted_w.data() + s, n, hidden, inter, act.data(), out);
+      } else {
+        std::vector<int64_t> toks(sorted_tok.begin() + s, sorted_tok.begin() + s + n);
+        std::vector<float> gw(sorted_w.begin() + s, sorted_w.begin() + s + n);
+        expert_mm<T>(x, w13[e], w2[e], toks, gw, inter, out);
+      }
+    }
+  });
+  return x.scalar_type() == at::kFloat ? acc : acc.to(x.scalar_type());
+}
+
+}  // namespace tideflow

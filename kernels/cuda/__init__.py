@@ -1,0 +1,1 @@
+"""CUDA builds: standalone .cu kernels in one shared library (ctypes), one wrapper module per op."""

@@ -1,0 +1,186 @@
+"""Fixtures for the Kubernetes tests.
+
+`k8s_validate`: core kinds with kubernetes-validate, LeaderWorkerSets with the vendored CRD schema.
+
+The CRD schema is made strict the way `fieldValidation=Strict` treats it: a field the schema does
+not declare is an error (the API server would otherwise prune it silently).
+"""
+
+from __future__ import annotations
+
+import copy
+import http.server
+import json
+import urllib.parse
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+K8S_VERSION = "1.30"
+LWS_SCHEMA = yaml.safe_load((Path(__file__).parent / "schemas" / "leaderworkerset-v1.yaml").read_text())["openAPIV3Schema"]
+
+
+def _strict(schema: Any) -> Any:
+    if isinstance(schema, dict):
+        out = {k: _strict(v) for k, v in schema.items()}
+        if "properties" in out and "additionalProperties" not in out and not out.get("x-kubernetes-preserve-unknown-fields"):
+            out["additionalProperties"] = False
+        return out
+    if isinstance(schema, list):
+        return [_strict(v) for v in schema]
+    return schema
+
+
+STRICT_LWS = _strict(LWS_SCHEMA)
+# metadata is `type: object` in a CRD; the API server checks it as ObjectMeta.
+STRICT_LWS["properties"]["metadata"] = {"type": "object"}
+
+
+def validate(doc: dict[str, Any]) -> None:
+    """Raise if `doc` is not a valid object of its kind."""
+    if doc["kind"] == "LeaderWorkerSet":
+        jsonschema.Draft202012Validator(STRICT_LWS).validate(doc)
+        meta = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": doc["metadata"]}
+        kubernetes_validate.validate(meta, K8S_VERSION, strict=True)
+        lwt = doc["spec"]["leaderWorkerTemplate"]
+        for name in ("leaderTemplate", "workerTemplate"):
+            if name in lwt:
+                kubernetes_validate.validate(as_pod(lwt[name]), K8S_VERSION, strict=True)
+        return
+    kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+
+
+def as_pod(template: dict[str, Any]) -> dict[str, Any]:
+    """A PodTemplateSpec wrapped as the Pod it stamps out."""
+    pod = copy.deepcopy(template)
+    pod.setdefault("metadata", {}).setdefault("name", "template")
+    return {"apiVersion": "v1", "kind": "Pod", **pod}
+
+
+@pytest.fixture
+def k8s_validate():
+    """validate(doc): raise if doc is not a valid object of its kind."""
+    return validate
+
+
+RECORDINGS = Path(__file__).parent / "recordings"
+
+
+class ReplayServer:
+    """Answers the real kubernetes client with recorded API server responses, and logs what it was sent.
+
+    An exchange matches on method, path and the query items it lists (a watch only matches a
+    watch); it is served once in file order unless marked `repeat` (discovery docs are). A watch
+    response streams its events one JSON line each; `hold` keeps it open until the request's
+    timeoutSeconds, as the API server does.
+    """
+
+    def __init__(self, names: list[str]):
+        import threading
+
+        self.exchanges: list[dict[str, Any]] = []
+        for name in names:
+            self.exchanges += json.loads((RECORDINGS / f"{name}.json").read_text())["exchanges"]
+        self.used = [False] * len(self.exchanges)
+        self.requests: list[dict[str, Any]] = []
+        self.closing = threading.Event()
+        self._lock = threading.Lock()
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.closing.set()
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(timeout=5)
+
+    def unused(self) -> list[dict[str, Any]]:
+        return [e["request"] for e, used in zip(self.exchanges, self.used) if not used and not e.get("repeat")]
+
+    def sent(self, method: str | None = None) -> list[dict[str, Any]]:
+        return [r for r in self.requests if method is None or r["method"] == method]
+
+    def _match(self, method: str, path: str, query: dict[str, str]) -> dict[str, Any] | None:
+        with self._lock:
+            for i, exchange in enumerate(self.exchanges):
+                want = exchange["request"]
+                if want["method"] != method or want["path"] != path or (self.used[i] and not exchange.get("repeat")):
+                    continue
+                wanted_query = want.get("query", {})
+                if ("watch" in wanted_query) != ("watch" in query):
+                    continue
+                if all(query.get(k) == v for k, v in wanted_query.items()):
+                    self.used[i] = True
+                    return exchange
+        return None
+
+    def _handler(self):
+        replay = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):
+                pass
+
+            def _serve(self):
+                url = urllib.parse.urlsplit(self.path)
+                query = {k: v[-1] for k, v in urllib.parse.parse_qs(url.query).items()}
+                length = int(self.headers.get("Content-Length") or 0)
+                raw = self.rfile.read(length) if length else b""
+                replay.requests.append({"method": self.command, "path": url.path, "query": query,
+                                        "content_type": self.headers.get("Content-Type"),
+                                        "body": json.loads(raw) if raw else None})
+                exchange = replay._match(self.command, url.path, query)
+                if exchange is None:
+                    status = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404,
+                              "message": f"no recorded response for {self.command} {url.path} {query}"}
+                    return self._json(404, status)
+                response = exchange["response"]
+                if "stream" not in response:
+                    return self._json(response["status"], response["body"])
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Connection", "close")
+                self.end_headers()
+                for event in response["stream"]:
+                    self.wfile.write(json.dumps(event).encode() + b"\n")
+                    self.wfile.flush()
+                if response.get("hold"):
+                    replay.closing.wait(float(query.get("timeoutSeconds", 0)))
+                self.close_connection = True
+
+            def _json(self, code: int, body: Any):
+                data = json.dumps(body).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            do_GET = do_PATCH = do_DELETE = do_POST = do_PUT = _serve
+
+        return Handler
+
+
+@pytest.fixture
+def replay():
+    """replay(*recordings) -> a started ReplayServer; all are closed at teardown."""
+    servers: list[ReplayServer] = []
+
+    def start(*names: str) -> ReplayServer:
+        servers.append(ReplayServer(list(names)))
+        return servers[-1]
+
+    try:
+        yield start
+    finally:
+        for server in servers:
+            server.close()

@@ -1,0 +1,83 @@
+"""The static manifests in deployments/kubernetes/ are valid objects and fit what the backend does."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+
+import pytest
+import yaml
+from prefect.utilities.templating import apply_values, find_placeholders
+
+from engine.group.k8s.manifests import render
+from engine.group.spec import InferenceGroup
+
+K8S = Path(__file__).resolve().parents[4] / "deployments" / "kubernetes"
+GROUPS = K8S.parent / "groups"
+
+
+def docs(name: str) -> list[dict]:
+    return [d for d in yaml.safe_load_all((K8S / name).read_text()) if d]
+
+
+@pytest.mark.parametrize("name", ["router.yaml", "rbac.yaml"])
+def test_core_manifests_validate(name, k8s_validate):
+    for doc in docs(name):
+        k8s_validate(doc)
+
+
+def test_flows_role_covers_every_call_the_backend_makes():
+    role = next(d for d in docs("rbac.yaml") if d["kind"] == "Role" and d["metadata"]["name"] == "tideflow-flows")
+    grants = {(g, r): set(rule["verbs"]) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"]}
+    apply = {"get", "create", "patch", "list", "delete"}
+    assert apply <= grants["leaderworkerset.x-k8s.io", "leaderworkersets"]
+    assert "patch" in grants["leaderworkerset.x-k8s.io", "leaderworkersets/scale"]
+    assert apply <= grants["", "services"] and apply <= grants["policy", "poddisruptionbudgets"]
+    assert grants["", "pods"] == {"get", "list", "watch"}
+    assert grants["", "events"] == {"list", "watch"}
+    kinds = {d["kind"] for d in render(InferenceGroup.from_yaml(GROUPS / "large-4xdep2-dep8.yaml"), "ns", "img")}
+    assert kinds == {"LeaderWorkerSet", "Service", "PodDisruptionBudget"}
+    assert all(rule["verbs"] != ["*"] and rule["resources"] != ["*"] for rule in role["rules"])
+
+
+def test_router_service_selects_router_pods():
+    deployment, service = docs("router.yaml")
+    pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= pod_labels.items()
+    assert deployment["spec"]["template"]["spec"]["serviceAccountName"] == "tideflow-router"
+
+
+def test_monitors_have_required_structure_and_match_targets():
+    pod_monitor, service_monitor = docs("monitoring.yaml")
+    for doc, kind, endpoints in ((pod_monitor, "PodMonitor", "podMetricsEndpoints"), (service_monitor, "ServiceMonitor", "endpoints")):
+        assert (doc["apiVersion"], doc["kind"]) == ("monitoring.coreos.com/v1", kind)
+        assert doc["metadata"]["name"] and isinstance(doc["spec"]["selector"], dict)
+        for endpoint in doc["spec"][endpoints]:
+            assert endpoint["port"] == "http" and endpoint["path"] == "/metrics"
+    lws = render(InferenceGroup.from_yaml(GROUPS / "tiny-pd.yaml"), "ns", "img")[0]
+    pod_labels = lws["spec"]["leaderWorkerTemplate"]["workerTemplate"]["metadata"]["labels"]
+    assert pod_monitor["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+    assert "http" in [p["name"] for p in lws["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"]["containers"][0]["ports"]]
+    router_service = docs("router.yaml")[1]
+    assert service_monitor["spec"]["selector"]["matchLabels"].items() <= router_service["metadata"]["labels"].items()
+
+
+def test_work_pool_template_renders_a_valid_job(k8s_validate):
+    template = json.loads((K8S / "prefect-work-pool.json").read_text())
+    variables = template["variables"]["properties"]
+    used = {p.name for p in find_placeholders(template["job_configuration"])}
+    assert used <= set(variables), f"placeholders without a variable: {used - set(variables)}"
+    values = {k: v["default"] for k, v in variables.items() if "default" in v}
+    values |= {"name": "release-abc", "command": "prefect flow-run execute 1234"}
+    config = apply_values(template["job_configuration"], values)
+    job = config["job_manifest"]
+    container = job["spec"]["template"]["spec"]["containers"][0]
+    # What the Prefect Kubernetes worker does before submitting: env dict -> list, command -> argv.
+    container["env"] = [{"name": k, "value": v} for k, v in container["env"].items()]
+    container["args"] = shlex.split(container["args"])
+    k8s_validate(job)
+    assert job["spec"]["template"]["spec"]["serviceAccountName"] == "tideflow-flows"
+    sa_names = {d["metadata"]["name"] for d in docs("rbac.yaml") if d["kind"] == "ServiceAccount"}
+    assert "tideflow-flows" in sa_names
+    assert config["namespace"] == job["metadata"]["namespace"] == "tideflow"

@@ -1,0 +1,171 @@
+"""InferenceGroup spec: parsing, validation errors that name the field, member enumeration, shipped specs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from engine.group.spec import GroupSpecError, InferenceGroup, Member
+
+GROUPS = Path(__file__).resolve().parents[3] / "deployments" / "groups"
+
+
+def pd(**overrides) -> dict:
+    spec = {
+        "name": "g",
+        "version": "v1",
+        "model": {"path": "/models/m"},
+        "roles": [{"role": "prefill", "instances": 2, "parallel": "DEP2"}, {"role": "decode", "parallel": "DEP1"}],
+    }
+    return spec | overrides
+
+
+def error_of(spec: dict) -> str:
+    with pytest.raises(ValidationError) as info:
+        InferenceGroup.model_validate(spec)
+    return str(info.value)
+
+
+def test_members_enumerate_role_instance_rank_in_order():
+    group = InferenceGroup.model_validate(pd(roles=[
+        {"role": "decode", "instances": 1, "parallel": "DEP2"},
+        {"role": "prefill", "instances": 2, "parallel": "DEP1"},
+        {"role": "encoder", "instances": 1},
+    ]))
+    assert list(group.members()) == [
+        Member(role="encoder", instance=0, rank=0, size=1),
+        Member(role="prefill", instance=0, rank=0, size=1),
+        Member(role="prefill", instance=1, rank=0, size=1),
+        Member(role="decode", instance=0, rank=0, size=2),
+        Member(role="decode", instance=0, rank=1, size=2),
+    ]
+    assert group.total_members == 5
+
+
+def test_parallel_parses_degree_and_strategy():
+    group = InferenceGroup.model_validate(pd())
+    assert group.role("prefill").members_per_instance == 2
+    assert group.role("prefill").strategy == "DEP"
+    assert group.role("decode").members_per_instance == 1
+
+
+@pytest.mark.parametrize("parallel", ["DEP3", "DEP128", "EP2", "dep2", "DEP0", "TP"])
+def test_bad_parallel_names_the_field(parallel):
+    message = error_of(pd(roles=[{"role": "prefill", "parallel": parallel}, {"role": "decode"}]))
+    assert "roles.0.parallel" in message
+
+
+def test_zero_instances_allowed_negative_rejected():
+    group = InferenceGroup.model_validate(pd(roles=[{"role": "prefill", "instances": 0}, {"role": "decode"}]))
+    assert group.total_members == 1
+    assert "roles.1.instances" in error_of(pd(roles=[{"role": "prefill"}, {"role": "decode", "instances": -1}]))
+
+
+@pytest.mark.parametrize("roles, needle", [
+    ([{"role": "prefill"}], "missing decode"),
+    ([{"role": "colocated"}, {"role": "decode"}], "'colocated' must be the only role"),
+    ([{"role": "prefill"}, {"role": "decode"}, {"role": "decode"}], "decode listed more than once"),
+    ([{"role": "encoder"}, {"role": "decode"}], "missing prefill"),
+])
+def test_group_shape_rules(roles, needle):
+    assert needle in error_of(pd(roles=roles))
+
+
+def test_colocated_alone_and_encoder_optional():
+    assert InferenceGroup.model_validate(pd(roles=[{"role": "colocated"}])).total_members == 1
+    with_encoder = InferenceGroup.model_validate(pd(roles=[{"role": "encoder"}, {"role": "prefill"}, {"role": "decode"}]))
+    assert [m.role for m in with_encoder.members()] == ["encoder", "prefill", "decode"]
+
+
+@pytest.mark.parametrize("field, value, loc", [
+    ("name", "Bad_Name", "name"),
+    ("name", "x" * 41, "name"),
+    ("warm_pool", -1, "warm_pool"),
+    ("transfer", "rdma", "transfer"),
+    ("model", {"path": "/a", "uri": "s3://b/m/v1/"}, "model"),
+    ("model", {"uri": "http://example/m"}, "model"),
+    ("labels", {"tideflow.dev/group": "x"}, "labels"),
+    ("labels", {"team": "not ok!"}, "labels"),
+    ("router", {"replicas": 0}, "router.replicas"),
+])
+def test_bad_fields_are_named(field, value, loc):
+    assert loc in error_of(pd(**{field: value}))
+
+
+@pytest.mark.parametrize("resources, loc", [
+    ({"cpu": "lots"}, "roles.0.resources.cpu"),
+    ({"memory": "16GB"}, "roles.0.resources.memory"),
+    ({"gpus": -1}, "roles.0.resources.gpus"),
+])
+def test_bad_resources_are_named(resources, loc):
+    assert loc in error_of(pd(roles=[{"role": "prefill", "resources": resources}, {"role": "decode"}]))
+
+
+def test_engine_args_validation():
+    both = {"kv_cache_fraction": 0.5, "kv_cache_bytes": 1024}
+    assert "at most one of kv_cache_fraction or kv_cache_bytes" in error_of(
+        pd(roles=[{"role": "prefill", "engine": both}, {"role": "decode"}]))
+    assert "roles.0.engine.block_size" in error_of(pd(roles=[{"role": "prefill", "engine": {"block_size": 24}}, {"role": "decode"}]))
+    assert "roles.0.engine.kv_cache_fraction" in error_of(
+        pd(roles=[{"role": "prefill", "engine": {"kv_cache_fraction": 1.5}}, {"role": "decode"}]))
+
+
+def test_model_path_expands_vars_and_home(monkeypatch):
+    monkeypatch.setenv("TIDEFLOW_HOME", "/srv/tf")
+    monkeypatch.setenv("HOME", "/home/u")
+    group = InferenceGroup.model_validate(pd(model={"path": "${TIDEFLOW_HOME}/models/default"}))
+    assert group.model.expanded_path() == "/srv/tf/models/default"
+    assert group.model.path == "${TIDEFLOW_HOME}/models/default"
+    assert InferenceGroup.model_validate(pd(model={"path": "~/m"})).model.expanded_path() == "/home/u/m"
+    assert group.model.expanded_path({"TIDEFLOW_HOME": "/var/lib/tideflow"}) == "/var/lib/tideflow/models/default"
+
+
+def test_model_path_unset_variable_named(monkeypatch):
+    monkeypatch.delenv("NO_SUCH_VAR", raising=False)
+    message = error_of(pd(model={"path": "${NO_SUCH_VAR}/m"}))
+    assert "model" in message and "NO_SUCH_VAR" in message
+
+
+def test_yaml_round_trip(tmp_path):
+    group = InferenceGroup.model_validate(pd(warm_pool=2, labels={"team": "infra"}))
+    path = tmp_path / "g.yaml"
+    path.write_text(group.to_yaml())
+    assert InferenceGroup.from_yaml(path) == group
+
+
+def test_from_yaml_error_names_file_and_field(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("name: g\nversion: v1\nmodel: {path: /m}\nroles:\n  - {role: prefill, parallel: DEP6}\n  - {role: decode}\n")
+    with pytest.raises(GroupSpecError) as info:
+        InferenceGroup.from_yaml(path)
+    assert str(path) in str(info.value) and "roles.0.parallel" in str(info.value)
+    path.write_text("- not a mapping\n")
+    with pytest.raises(GroupSpecError, match="YAML mapping"):
+        InferenceGroup.from_yaml(path)
+    with pytest.raises(GroupSpecError, match="cannot read"):
+        InferenceGroup.from_yaml(tmp_path / "missing.yaml")
+
+
+def test_unknown_field_rejected():
+    assert "roles.0.replicas" in error_of(pd(roles=[{"role": "prefill", "replicas": 2}, {"role": "decode"}]))
+
+
+@pytest.mark.parametrize("path", sorted(GROUPS.glob("*.yaml")), ids=lambda p: p.name)
+def test_shipped_specs_load(path):
+    group = InferenceGroup.from_yaml(path)
+    assert group.name == path.stem
+    assert group.total_members == len(list(group.members())) > 0
+
+
+def test_shipped_shapes():
+    large = InferenceGroup.from_yaml(GROUPS / "large-4xdep2-dep8.yaml")
+    assert (large.role("prefill").instances, large.role("prefill").members_per_instance) == (4, 2)
+    assert large.role("decode").members_per_instance == 8
+    assert large.role("encoder").instances == 1 and large.warm_pool == 1
+    assert all(r.resources.gpus == 1 for r in large.roles)
+    assert large.total_members == 1 + 8 + 8
+    assert [r.role for r in InferenceGroup.from_yaml(GROUPS / "tiny-pd.yaml").roles] == ["prefill", "decode"]
+    assert InferenceGroup.from_yaml(GROUPS / "tiny-dep2.yaml").total_members == 4
+    assert InferenceGroup.from_yaml(GROUPS / "tiny-2p1d.yaml").role("prefill").instances == 2

@@ -1,0 +1,99 @@
+"""Bad input, auth, readiness, back-pressure and cancellation: status codes and OpenAI error bodies."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from engine.llm_engine import EngineConfig
+from tests.engine.server.conftest import MODEL, serve, wait_until
+
+
+def assert_error(response: httpx.Response, status: int, param: str | None = None) -> dict:
+    assert response.status_code == status, response.text
+    body = response.json()
+    assert set(body) == {"error"}
+    assert set(body["error"]) == {"message", "type", "param", "code"}
+    assert body["error"]["message"] and "Traceback" not in body["error"]["message"]
+    if param is not None:
+        assert body["error"]["param"] == param
+    return body["error"]
+
+
+@pytest.mark.parametrize("body, status, param", [
+    ({"model": "nope", "prompt": "hi"}, 404, "model"),
+    ({"model": MODEL, "prompt": "hi", "temperature": 5}, 400, "temperature"),
+    ({"model": MODEL, "prompt": "hi", "top_p": 0}, 400, "top_p"),
+    ({"model": MODEL, "prompt": "hi", "max_tokens": 0}, 400, "max_tokens"),
+    ({"model": MODEL, "prompt": "hi", "n": 2}, 400, "n"),
+    ({"model": MODEL, "prompt": "hi", "stop": [str(i) for i in range(9)]}, 400, "stop"),
+    ({"model": MODEL}, 400, "prompt"),
+    ({"model": MODEL, "prompt": [1, 2, 99999]}, 400, "prompt"),
+    ({"model": MODEL, "prompt": "hi", "max_tokens": 4096}, 400, "prompt"),
+    ({"model": MODEL, "prompt": list(range(3, 500)) * 10}, 400, "prompt"),
+])
+def test_bad_completion_requests(server, body, status, param):
+    with server.client() as c:
+        assert_error(c.post("/v1/completions", json=body), status, param)
+
+
+def test_bad_chat_requests(server):
+    with server.client() as c:
+        assert_error(c.post("/v1/chat/completions", json={"model": MODEL, "messages": []}), 400, "messages")
+        bad_role = {"model": MODEL, "messages": [{"role": "wizard", "content": "x"}]}
+        assert_error(c.post("/v1/chat/completions", json=bad_role), 400, "messages.0.role")
+
+
+def test_malformed_json_is_a_400_error_object(server):
+    with server.client() as c:
+        r = c.post("/v1/completions", content=b'{"model": "tiny", "prompt": ', headers={"content-type": "application/json"})
+        assert "JSON" in assert_error(r, 400)["message"]
+        assert_error(c.post("/v1/nothing-here", json={}), 404)
+
+
+def test_api_keys_guard_every_route_but_health(server):
+    with server.client(key=None) as c:
+        assert c.get("/health").status_code == 200
+        for path in ("/ready", "/metrics", "/v1/models"):
+            assert_error(c.get(path), 401)
+        assert_error(c.post("/v1/completions", json={"model": MODEL, "prompt": "hi"}), 401)
+    with server.client(key="wrong") as c:
+        assert_error(c.get("/v1/models"), 401)
+    with server.client() as c:
+        assert c.get("/v1/models").status_code == 200
+
+
+def test_metrics_are_prometheus_text(server):
+    with server.client() as c:
+        c.post("/v1/completions", json={"model": MODEL, "prompt": "count me", "max_tokens": 3, "temperature": 0})
+        text = c.get("/metrics").text
+    for name in ("tideflow_time_to_first_token_seconds_bucket", "tideflow_kv_blocks_free", "tideflow_queue_depth",
+                 "tideflow_departure_size_count", "tideflow_generation_tokens_total", 'status="http_404"'):
+        assert name in text
+
+
+def test_not_ready_answers_503(tiny_model_dir):
+    with serve(tiny_model_dir, EngineConfig(kv_cache_bytes=1 << 20), warm_up=False) as s, s.client() as c:
+        assert c.get("/health").status_code == 200
+        assert_error(c.get("/ready"), 503)
+        assert_error(c.post("/v1/completions", json={"model": MODEL, "prompt": "hi"}), 503)
+
+
+def test_queue_full_is_429_and_disconnects_cancel(tiny_model_dir):
+    long = {"model": MODEL, "prompt": "go on", "max_tokens": 3000, "ignore_eos": True, "temperature": 0}
+    config = EngineConfig(kv_cache_bytes=4 << 20, max_num_seqs=1, max_queue=1, max_wait_ms=0)
+    with serve(tiny_model_dir, config) as s, s.client() as c:
+        engine = s.engine
+        with c.stream("POST", "/v1/completions", json=long | {"stream": True}) as running:
+            events = running.iter_lines()  # keep the iterator: dropping it closes the connection
+            next(events)  # first event: the request is running
+            with c.stream("POST", "/v1/completions", json=long | {"stream": True}) as queued:
+                assert queued.status_code == 200 and engine.num_queued == 1
+                assert_error(c.post("/v1/completions", json=long), 429)
+        assert wait_until(lambda: engine.num_running == 0 and engine.num_queued == 0)
+        assert wait_until(lambda: engine.allocator.num_used == 0)
+        assert s.counter("tideflow_requests_total", status="aborted") == 2
+        with pytest.raises(httpx.ReadTimeout):
+            c.post("/v1/completions", json=long, timeout=httpx.Timeout(30, read=0.5))
+        assert wait_until(lambda: engine.num_running == 0 and engine.allocator.num_used == 0)
+        assert s.counter("tideflow_requests_total", status="aborted") == 3

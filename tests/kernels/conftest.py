@@ -1,0 +1,40 @@
+"""One CPU build per test session, in a private TIDEFLOW_HOME, shared by every kernels test."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kernels import ops
+from kernels.build import build
+from kernels.loader import implementations
+from kernels.spec import BuildRequest
+
+
+@pytest.fixture(scope="session")
+def tideflow_home(tmp_path_factory):
+    mp = pytest.MonkeyPatch()
+    home = tmp_path_factory.mktemp("tideflow_home")
+    mp.setenv("TIDEFLOW_HOME", str(home))
+    try:
+        yield home
+    finally:
+        mp.undo()
+
+
+@pytest.fixture(scope="session")
+def cpu_build(tideflow_home):
+    """(manifest, op -> compiled function) of the packaged CPU sources, compiled once."""
+    manifest = build(BuildRequest(arch="native", bench_iters=2, bench_hidden=256))
+    impls = implementations("cpu", Path(manifest.artifact),
+                            manifest.cache_key, ops.OP_NAMES)
+    return manifest, impls
+
+
+@pytest.fixture(autouse=True)
+def reference_ops():
+    """Every test starts and ends with the engine on the reference ops."""
+    ops.use_reference()
+    yield
+    ops.use_reference()
