@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
+import _posixshmem
 from multiprocessing import resource_tracker, shared_memory
 
 from engine.transfer.base import KVReceiver, KVSender, KVTransferError, TransferDescriptor
@@ -96,10 +97,9 @@ class ShmReceiver(KVReceiver):
 
 
 def _unlink(name: str) -> None:
+    """Remove the segment by name; SharedMemory.unlink would also unregister it from the tracker,
+    which we already did, and the tracker process would complain."""
     try:
-        seg = shared_memory.SharedMemory(name=name)
+        _posixshmem.shm_unlink("/" + name)
     except FileNotFoundError:
-        return
-    _untracked(seg)
-    seg.close()
-    seg.unlink()
+        pass

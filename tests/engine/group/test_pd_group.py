@@ -1,0 +1,139 @@
+"""PD groups through the router: same output as the colocated engine, atomic rebuilds, clean failure."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from pathlib import Path
+
+import openai
+import pytest
+
+from engine.generate import generate
+from engine.group.backend import Phase
+from engine.group.manager import GroupState
+from engine.model import load_model
+from engine.sampling import SamplingParams
+from engine.tokenizer import Tokenizer
+
+PROMPTS = [("the pipeline " * (1 + i % 7)) + f"request {i}" for i in range(32)]
+MAX_TOKENS = [4 + (i * 5) % 20 for i in range(32)]
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_model_dir):
+    model, tok = load_model(tiny_model_dir), Tokenizer(tiny_model_dir)
+    outs = generate(model, tok, [tok.encode(p) for p in PROMPTS],
+                    [SamplingParams(max_tokens=n, ignore_eos=True) for n in MAX_TOKENS])
+    return [o.text for o in outs]
+
+
+async def complete_all(url: str, key: str) -> list[str]:
+    client = openai.AsyncOpenAI(base_url=url + "/v1", api_key=key, max_retries=0, timeout=120)
+
+    async def one(i: int) -> str:
+        args = dict(model="default", prompt=PROMPTS[i], max_tokens=MAX_TOKENS[i], temperature=0,
+                    extra_body={"ignore_eos": True})
+        if i % 2:
+            stream = await client.completions.create(stream=True, **args)
+            return "".join([c.choices[0].text async for c in stream if c.choices])
+        return (await client.completions.create(**args)).choices[0].text
+
+    try:
+        return await asyncio.gather(*(one(i) for i in range(len(PROMPTS))))
+    finally:
+        await client.close()
+
+
+@pytest.mark.parametrize("prefill,transfer", [(1, "shm"), (2, "tcp")])
+def test_pd_group_matches_colocated_output(groupset, make_spec, reference, prefill, transfer):
+    group = groupset.up(make_spec(f"pd-{prefill}p1d", prefill=prefill, transfer=transfer))
+    try:
+        assert group.wait_for({GroupState.READY, GroupState.FAILED}, 120) == GroupState.READY, group.status.events
+        texts = asyncio.run(complete_all(groupset.url, groupset.client_key))
+        assert texts == reference
+    finally:
+        group.drain_and_stop(5)
+
+
+async def stream_until_end(client, i: int) -> str:
+    """'ok' for a full answer, 'error' when the stream ended with an error; never hangs (bounded)."""
+    try:
+        stream = await client.completions.create(model="default", prompt=PROMPTS[i], max_tokens=48, temperature=0,
+                                                 stream=True, extra_body={"ignore_eos": True})
+        n = 0
+        async for chunk in stream:
+            n += bool(chunk.choices and chunk.choices[0].text)
+        return "ok" if n else "error"
+    except openai.APIError:
+        return "error"
+
+
+def test_sigkill_member_rebuilds_group_and_loses_no_request(groupset, make_spec):
+    pd = groupset.up(make_spec("pd-victim"))
+    other = groupset.up(make_spec("other", colocated=True))
+    try:
+        for g in (pd, other):
+            assert g.wait_for({GroupState.READY, GroupState.FAILED}, 120) == GroupState.READY, g.status.events
+        before = groupset.backend.pids(pd.status.handle)
+        decode_pid = next(pid for m, pid in before.items() if m.role == "decode")
+
+        async def drill() -> tuple[list[str], float]:
+            client = openai.AsyncOpenAI(base_url=groupset.url + "/v1", api_key=groupset.client_key, max_retries=0,
+                                        timeout=60)
+            tasks = [asyncio.create_task(stream_until_end(client, i)) for i in range(20)]
+            await asyncio.sleep(0.5)
+            os.kill(decode_pid, signal.SIGKILL)
+            killed = time.monotonic()
+            while any(g["name"] == "pd-victim" and g["routable"] for g in groupset.admin.groups()):
+                await asyncio.sleep(0.01)
+            ejected = time.monotonic() - killed
+            outcomes = await asyncio.wait_for(asyncio.gather(*tasks), timeout=90)
+            await client.close()
+            return outcomes, ejected
+
+        t0 = time.monotonic()
+        outcomes, ejected_s = asyncio.run(drill())
+        assert len(outcomes) == 20 and outcomes.count("ok") + outcomes.count("error") == 20
+        assert ejected_s < 1.0
+        assert pd.wait_for({GroupState.STARTING}, 10) in (GroupState.STARTING, GroupState.READY)
+        assert pd.wait_for({GroupState.READY, GroupState.FAILED}, 120) == GroupState.READY
+        rebuilt_s = time.monotonic() - t0
+        after = groupset.backend.pids(pd.status.handle)
+        assert set(after.values()).isdisjoint(before.values()), "every member of the rebuilt group is new"
+        print(f"\nSIGKILL decode: out of the router in {ejected_s * 1000:.0f} ms, group Ready again after "
+              f"{rebuilt_s:.1f}s; outcomes ok={outcomes.count('ok')} error={outcomes.count('error')}")
+    finally:
+        pd.drain_and_stop(5)
+        other.drain_and_stop(5)
+
+
+def _alive_with(marker: str) -> list[int]:
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                state = (proc / "stat").read_text().split()[2]
+            except OSError:
+                continue
+            if marker in cmdline and state != "Z":
+                pids.append(int(proc.name))
+    return pids
+
+
+def test_member_that_cannot_start_fails_group_and_reaps_the_rest(groupset, make_spec):
+    # The decode member's KV budget is below one block: it exits at start while prefill comes up.
+    spec = make_spec("broken", decode_kv_bytes=1)
+    group = groupset.up(spec)
+    try:
+        assert group.wait_for({GroupState.FAILED}, 120) == GroupState.FAILED
+        assert group.status.restarts == groupset.manager.policy.max_restarts
+        last = group.status.events[-1].message
+        assert "decode instance 0 rank 0 Failed" in last and "below one block" in last
+        assert not _alive_with("--metrics-group broken "), "no member of the failed group is left running"
+        assert all(m.phase in (Phase.FAILED, Phase.EXITED, Phase.READY, Phase.RUNNING) for m in group.status.members)
+    finally:
+        group.drain_and_stop(1)
