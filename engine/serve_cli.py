@@ -10,6 +10,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from engine.errors import TideflowError
+from engine.parallel.serve_args import add_arguments as add_dep_arguments, dep_serve_config
 
 log = logging.getLogger(__name__)
 
@@ -31,12 +32,18 @@ def add_commands(subparsers) -> None:
     p.add_argument("--max-queue", type=int)
     p.add_argument("--dtype", choices=["float32", "bfloat16"])
     p.add_argument("--device")
-    p.add_argument("--role", choices=["colocated", "prefill", "decode"], default="colocated",
-                   help="colocated: the whole request; prefill/decode: one stage of a disaggregated group")
+    p.add_argument("--role", choices=["colocated", "prefill", "decode", "encoder"], default="colocated",
+                   help="colocated: the whole request; prefill/decode/encoder: one stage of a disaggregated group")
     p.add_argument("--kv-transport", choices=["shm", "tcp"], default="shm",
                    help="KV transfer between prefill and decode (shm: same host, tcp: across hosts)")
+    p.add_argument("--require-verified", action="store_true",
+                   help="refuse to start unless --model is a verified weights cache (implied when it holds manifest.json)")
     p.add_argument("--metrics-group", default="", help="group label on every metric")
     p.add_argument("--metrics-version", default="", help="version label on every metric")
+    add_dep_arguments(p)
+    p.add_argument("--faults", help="tests and drills only: a FaultConfig (engine/faults.py) as JSON or a JSON file path")
+    p.add_argument("--standby", action="store_true",
+                   help="start silent: load and warm up, release the KV cache, serve only after POST /admin/activate")
     p.set_defaults(func=serve)
 
 
@@ -53,29 +60,46 @@ def engine_config(args: argparse.Namespace):
 def serve(args: argparse.Namespace) -> int:
     import uvicorn
 
+    from engine.faults import FaultConfig, FaultInjector
     from engine.llm_engine import LLMEngine
     from engine.server.app import create_app
     from engine.server.auth import load_api_keys
     from engine.server.metrics import MetricFactory, ServingMetrics
+    from engine.weights import WeightsError, require_verified
+    from engine.weights.manifest import MANIFEST_NAME
     from kernels.loader import load_cached
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.role == "encoder":
+        from engine.encoder.serving import serve_encoder
+
+        return serve_encoder(args)
     try:
         config = engine_config(args)
         keys = load_api_keys(args.api_key_file)
+        faults = FaultInjector(FaultConfig.parse(args.faults)) if args.faults else None
+        if args.require_verified or (Path(args.model) / MANIFEST_NAME).exists():
+            require_verified(args.model)
         load_cached("native")
         metrics = ServingMetrics(MetricFactory(group=args.metrics_group, version=args.metrics_version, role=args.role))
-        engine = LLMEngine.from_dir(args.model, config, metrics)
+        dep = dep_serve_config(args)
+        if dep is not None:
+            from engine.parallel.serving import build_dep_engine
+
+            engine = build_dep_engine(args.model, config, dep, metrics)
+        else:
+            engine = LLMEngine.from_dir(args.model, config, metrics)
     except ValidationError as exc:
         first = exc.errors()[0]
         print(f"tideflow serve: --{'-'.join(str(p) for p in first['loc']).replace('_', '-')}: {first['msg']}", file=sys.stderr)
         return 2
-    except (TideflowError, OSError, ValueError) as exc:
+    except (TideflowError, WeightsError, OSError, ValueError) as exc:
         print(f"tideflow serve: {exc}", file=sys.stderr)
         return 1
     log.info("serving %s on http://%s:%d (%d KV blocks of %d tokens)", config.model_name, args.host, args.port,
              engine.allocator.num_blocks, config.block_size)
-    app = create_app(engine, config.model_name, keys, transport=None if args.role == "colocated" else args.kv_transport)
+    app = create_app(engine, config.model_name, keys, transport=None if args.role == "colocated" else args.kv_transport,
+                     faults=faults, standby=args.standby)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     return 0
 

@@ -14,6 +14,7 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
     drill = subparsers.add_parser("drill", help="load and fault drills against a running server")
     kinds = drill.add_subparsers(dest="drill_command", required=True)
     _add_load(kinds)
+    _add_fault(kinds)
 
 
 def _rates(text: str) -> list[float]:
@@ -105,3 +106,52 @@ def _print_steps(report) -> None:
     for s in report.steps:
         for reason, n in s.error_reasons.items():
             print(f"  step {s.step}: {n} x {reason}")
+
+
+def _add_fault(kinds: argparse._SubParsersAction) -> None:
+    p = kinds.add_parser("fault", help="bring a group up, kill one of its members under load, measure the rebuild",
+                         description="Starts a router and the group on loopback, runs Poisson load through the router, "
+                                     "SIGKILLs one member per repeat and reports ejection and recovery times; every "
+                                     "request is accounted for (sent == ok + error).")
+    p.add_argument("spec", type=Path, help="InferenceGroup spec (YAML)")
+    p.add_argument("--model", type=Path, default=None, help="checkpoint dir (default: the spec's model.path)")
+    p.add_argument("--target", choices=["prefill", "decode", "colocated", "encoder", "expert"], default="decode")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--rate", type=float, default=4.0, help="background load, requests/s")
+    p.add_argument("--duration", type=float, default=5.0, metavar="S", help="seconds of load per repeat")
+    p.add_argument("--kill-after", type=float, default=1.0, metavar="S", help="seconds of load before the kill")
+    p.add_argument("--out", type=Path, default=None, metavar="FILE.json", help="write the report here")
+    p.set_defaults(func=_fault)
+
+
+def _fault(args: argparse.Namespace) -> int:
+    import os
+
+    from engine.drills.fault import FaultDrillSpec, run_fault_drill
+    from engine.drills.spec import LoadDrillSpec
+    from engine.group.groupset import GroupSetConfig, LocalGroupSet
+    from engine.group.manager import GroupState
+    from engine.group.spec import InferenceGroup
+
+    spec = InferenceGroup.from_yaml(args.spec)
+    model_dir = args.model or Path(spec.model.expanded_path())
+    if args.model:
+        spec = spec.model_copy(update={"model": spec.model.model_copy(update={"path": str(args.model)})})
+    with LocalGroupSet(GroupSetConfig(model_dir=model_dir)) as gs:
+        group = gs.up(spec)
+        if group.wait_for({GroupState.READY, GroupState.FAILED}, 600) != GroupState.READY:
+            print(f"drill fault: group {spec.name} did not come up: {group.status.events[-1].message}", file=sys.stderr)
+            return 1
+        os.environ["TIDEFLOW_DRILL_KEY"] = gs.client_key
+        load = LoadDrillSpec(url=gs.url, model="default", api_key_env="TIDEFLOW_DRILL_KEY", rate=args.rate,
+                             duration_s=args.duration, expectations_suite=None, progress_bar=False)
+        report = run_fault_drill(gs, FaultDrillSpec(group=spec.name, target=args.target, repeats=args.repeats,
+                                                    kill_after_s=args.kill_after, load=load), progress=print)
+    print(f"sent {report.sent} = ok {report.ok} + error {report.errors}: "
+          f"{'every request accounted for' if report.accounted else 'REQUESTS UNACCOUNTED'}")
+    for why, n in report.error_reasons.items():
+        print(f"  {n} x {why}")
+    if args.out:
+        args.out.write_text(report.model_dump_json(indent=2))
+    ok = report.accounted and all(r.recover_s is not None and r.all_members_new for r in report.runs)
+    return 0 if ok else 1

@@ -17,7 +17,8 @@ from engine.router.app import ADMIN_KEYS_ENV, UPSTREAM_KEY_ENV
 
 
 class GroupSetConfig(BaseModel):
-    model_dir: Path = Field(description="checkpoint every group of this set serves")
+    name: str = Field("default", description="names the set within a process (flows look it up by name)")
+    model_dir: Path = Field(description="checkpoint for the router's tokenizer and for groups whose spec names none")
     model_name: str = Field("default", description="model id clients ask the router for")
     router_port: int = Field(0, ge=0, le=65535, description="router port (0 = any free port)")
     host: str = Field("127.0.0.1", description="bind address of the router and members")
@@ -50,7 +51,13 @@ class LocalGroupSet:
             raise
         self.admin = RouterAdmin(self.url, self._admin_key)
         self.backend = LocalProcessBackend(config.model_dir, self._member_key, config.model_name, logs, config.host)
-        self.manager = GroupManager(self.backend, self.admin, config.policy, config.state_dir or home() / "groups")
+        self.manager = GroupManager(self.backend, self.admin, config.policy, config.state_dir or home() / "groups",
+                                    member_key=self._member_key)
+
+    @property
+    def member_key(self) -> str:
+        """The key members accept (the router and the autoscaler's observer use it); never logged."""
+        return self._member_key
 
     def up(self, spec: InferenceGroup, standby: bool = False, weight: float = 1.0) -> ManagedGroup:
         return self.manager.up(spec, standby=standby, weight=weight)
@@ -67,3 +74,25 @@ class LocalGroupSet:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+_OPEN: dict[str, LocalGroupSet] = {}
+
+
+def open_groupset(config: GroupSetConfig) -> LocalGroupSet:
+    """The process's group set of that name, started on first use (flow tasks share it)."""
+    if config.name not in _OPEN:
+        _OPEN[config.name] = LocalGroupSet(config)
+    return _OPEN[config.name]
+
+
+def get_groupset(name: str = "default") -> LocalGroupSet:
+    if name not in _OPEN:
+        raise KeyError(f"no group set named {name!r} is running in this process")
+    return _OPEN[name]
+
+
+def close_groupsets(drain_s: float = 5.0) -> None:
+    while _OPEN:
+        _, gs = _OPEN.popitem()
+        gs.close(drain_s)

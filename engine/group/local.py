@@ -20,7 +20,6 @@ from engine.process import Child, free_port, tideflow_argv
 class _Running:
     group: InferenceGroup
     handle: GroupHandle
-    model_dir: Path
     children: dict[Member, Child] = field(default_factory=dict)
     ports: dict[Member, int] = field(default_factory=dict)
 
@@ -41,7 +40,7 @@ class LocalProcessBackend(Backend):
     def start(self, group: InferenceGroup, standby: bool = False) -> GroupHandle:
         handle = GroupHandle(id=f"{group.name}-{uuid.uuid4().hex[:6]}", group=group.name, version=group.version,
                              backend=self.name, standby=standby)
-        run = _Running(group, handle, self.model_dir)
+        run = _Running(group, handle)
         with self._lock:
             self._running[handle.id] = run
         try:
@@ -66,10 +65,14 @@ class LocalProcessBackend(Backend):
             run.children[member] = Child(name, argv, self.log_dir / f"{name}.log", env)
             run.ports[member] = port
 
+    def model_path(self, group: InferenceGroup) -> str:
+        """The group's own checkpoint (versions differ by weights), else the set's."""
+        return group.model.expanded_path() if group.model.path else str(self.model_dir)
+
     def member_args(self, group: InferenceGroup, member: Member, port: int, dist_port: int | None, standby: bool) -> list[str]:
         spec = group.role(member.role)
         e = spec.engine
-        args = ["serve", "--model", str(self.model_dir), "--host", self.host, "--port", str(port),
+        args = ["serve", "--model", self.model_path(group), "--host", self.host, "--port", str(port),
                 "--role", member.role, "--served-model-name", self.model_name,
                 "--max-num-seqs", str(e.max_num_seqs), "--max-batch-tokens", str(e.max_batch_tokens),
                 "--block-size", str(e.block_size), "--max-wait-ms", str(e.max_wait_ms),

@@ -20,6 +20,7 @@ from engine.group.backend import Backend, BackendError, GroupHandle, MemberStatu
 from engine.group.spec import InferenceGroup
 from engine.router.admin import RouterAdmin
 from engine.router.registry import Endpoint
+from engine.scaling.members import MemberSwitch, MemberSwitchError
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +47,7 @@ class SupervisionPolicy(BaseModel):
     backoff_s: float = Field(0.5, ge=0, description="first rebuild delay; doubles each time")
     backoff_max_s: float = Field(30.0, ge=0, description="cap of the rebuild delay")
     poll_s: float = Field(0.1, gt=0, description="member observation period")
+    reset_after_s: float = Field(300.0, ge=0, description="Ready this long before falling: restarts and backoff start over")
 
 
 class GroupStatus(BaseModel):
@@ -57,19 +59,24 @@ class GroupStatus(BaseModel):
     members: list[MemberStatus] = Field(default_factory=list)
     events: list[GroupEvent] = Field(default_factory=list)
     last_ready_s: float | None = Field(None, description="seconds from start to Ready of the last (re)build")
+    last_activation_s: float | None = Field(None, description="seconds of the last Standby -> Ready activation")
 
 
 class ManagedGroup:
     """One group's supervisor thread."""
 
     def __init__(self, spec: InferenceGroup, backend: Backend, router: RouterAdmin | None, policy: SupervisionPolicy,
-                 state_dir: Path | None, standby: bool = False, weight: float = 1.0) -> None:
+                 state_dir: Path | None, standby: bool = False, weight: float = 1.0,
+                 switch: MemberSwitch | None = None) -> None:
         self.spec, self.backend, self.router, self.policy = spec, backend, router, policy
+        self.switch = switch  # flips members between serving and standby; None: members start serving
+        self._control = threading.Lock()  # one activate or park at a time
         self.state_dir, self.weight = state_dir, weight
         self.status = GroupStatus(name=spec.name, version=spec.version, state=GroupState.PENDING)
         self.standby = standby
         self._changed = threading.Condition()
         self._stop = threading.Event()
+        self._ready_since: float | None = None
         self._thread = threading.Thread(target=self._supervise, name=f"group-{spec.name}", daemon=True)
         self._event(GroupState.PENDING, "accepted")
 
@@ -108,6 +115,8 @@ class ManagedGroup:
             failure = self._build_and_watch()
             if self._stop.is_set():
                 break
+            if self._ready_since is not None and time.monotonic() - self._ready_since >= self.policy.reset_after_s:
+                self.status.restarts, delay = 0, self.policy.backoff_s  # it was healthy: a new failure, not a crash loop
             if self.status.restarts >= self.policy.max_restarts:
                 self._event(GroupState.FAILED, f"gave up after {self.status.restarts} restarts: {failure}")
                 return
@@ -120,6 +129,7 @@ class ManagedGroup:
     def _build_and_watch(self) -> str:
         """Start every member, register when all are Ready, watch; returns why the group fell."""
         self._event(GroupState.STARTING, "starting members")
+        self._ready_since = None
         t0 = time.monotonic()
         try:
             handle = self.backend.start(self.spec, standby=self.standby)
@@ -131,6 +141,10 @@ class ManagedGroup:
             if failure:
                 return failure
             self.status.last_ready_s = time.monotonic() - t0
+            self._ready_since = time.monotonic()
+            failure = self._match_members(handle)
+            if failure:
+                return failure
             if self.standby:
                 self._event(GroupState.STANDBY, f"all {self.spec.total_members} members loaded and warm ({self.status.last_ready_s:.1f}s)")
             else:
@@ -179,13 +193,71 @@ class ManagedGroup:
                 log.warning("group %s: could not deregister: %s", self.spec.name, exc)
 
     # -- control ----------------------------------------------------------------------------------
-    def activate(self) -> None:
-        """Standby -> Ready: register the already warm group."""
-        if self.status.state != GroupState.STANDBY:
-            raise BackendError(f"group {self.spec.name} is {self.status.state.value}, not Standby")
-        self.standby = False
-        self._register()
-        self._event(GroupState.READY, "activated from standby")
+    def activate(self) -> float:
+        """Standby -> Ready: every member allocates its KV cache (all in parallel), then the group is registered.
+
+        Returns the activation time in seconds, also kept in `status.last_activation_s`.
+        """
+        with self._control:
+            if self.status.state != GroupState.STANDBY:
+                raise BackendError(f"group {self.spec.name} is {self.status.state.value}, not Standby")
+            t0 = time.monotonic()
+            if self.switch is not None:
+                try:
+                    self.switch.activate(self._member_urls())
+                except MemberSwitchError as exc:
+                    raise BackendError(f"group {self.spec.name}: activation failed, still Standby: {exc}") from None
+            self.standby = False
+            self._register()
+            took = self.status.last_activation_s = time.monotonic() - t0
+            self._event(GroupState.READY, f"activated from standby ({took * 1000:.0f} ms)")
+            return took
+
+    def park(self, drain_s: float = 30.0) -> float:
+        """Ready -> Standby: weight 0, wait for the router's in-flight requests, deregister, then every
+        member drains and releases its KV cache (weights stay loaded). Returns the seconds it took.
+
+        A member that cannot drain within `drain_s` keeps serving and the group is registered again:
+        parking never cuts a request off.
+        """
+        with self._control:
+            if self.status.state != GroupState.READY:
+                raise BackendError(f"group {self.spec.name} is {self.status.state.value}, not Ready")
+            t0 = time.monotonic()
+            deadline = t0 + drain_s
+            self._event(GroupState.DRAINING, "parking: weight 0, waiting for in-flight requests")
+            if self.router is not None:
+                self.router.set_weights({self.spec.name: 0.0})
+                while self.router.inflight(self.spec.name) and time.monotonic() < deadline:
+                    time.sleep(0.02)
+                self._unregister()
+            if self.switch is not None:
+                try:
+                    self.switch.park(self._member_urls(), max(0.0, deadline - time.monotonic()))
+                except MemberSwitchError as exc:
+                    self._register()
+                    self._event(GroupState.READY, f"park failed, serving again: {exc}")
+                    raise BackendError(f"group {self.spec.name}: park failed, still Ready: {exc}") from None
+            self.standby = True
+            took = time.monotonic() - t0
+            self._event(GroupState.STANDBY, f"parked: loaded and warm, KV released ({took:.2f}s)")
+            return took
+
+    def _match_members(self, handle: GroupHandle) -> str | None:
+        """Members started silent (or serving) while `standby` was flipped since: switch them to match."""
+        if self.switch is None or handle.standby == self.standby:
+            return None
+        try:
+            if self.standby:
+                self.switch.park(self._member_urls(), 0.0)
+            else:
+                self.switch.activate(self._member_urls())
+        except MemberSwitchError as exc:
+            return str(exc)
+        return None
+
+    def _member_urls(self) -> list[str]:
+        return [m.endpoint for m in self.status.members if m.endpoint]
 
     def drain_and_stop(self, drain_s: float = 30.0) -> None:
         """Stop new traffic, wait for in-flight requests (bounded), then stop every member."""
@@ -208,8 +280,9 @@ class GroupManager:
     """All groups of one group set, and the router they register with."""
 
     def __init__(self, backend: Backend, router: RouterAdmin | None, policy: SupervisionPolicy | None = None,
-                 state_dir: Path | None = None) -> None:
+                 state_dir: Path | None = None, member_key: str | None = None) -> None:
         self.backend, self.router = backend, router
+        self.switch = MemberSwitch(member_key)  # the key members accept on their /admin routes
         self.policy = policy or SupervisionPolicy()
         self.state_dir = state_dir
         self.groups: dict[str, ManagedGroup] = {}
@@ -217,7 +290,8 @@ class GroupManager:
     def up(self, spec: InferenceGroup, standby: bool = False, weight: float = 1.0) -> ManagedGroup:
         if spec.name in self.groups and self.groups[spec.name].status.state not in (GroupState.STOPPED, GroupState.FAILED):
             raise BackendError(f"group {spec.name} is already managed ({self.groups[spec.name].status.state.value})")
-        managed = ManagedGroup(spec, self.backend, self.router, self.policy, self.state_dir, standby, weight).start()
+        managed = ManagedGroup(spec, self.backend, self.router, self.policy, self.state_dir, standby, weight,
+                               self.switch).start()
         self.groups[spec.name] = managed
         return managed
 
@@ -228,6 +302,7 @@ class GroupManager:
         for g in list(self.groups.values()):
             if g.status.state not in (GroupState.STOPPED, GroupState.FAILED):
                 g.drain_and_stop(drain_s)
+        self.switch.close()
 
 
 def read_status_files(state_dir: Path) -> list[dict]:
