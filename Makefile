@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export TIDEFLOW_HOME ?= $(CURDIR)/.tideflow
 
-.PHONY: run test test-slow bench setup clean
+.PHONY: run test test-slow bench setup clean prometheus
 
 setup: $(STAMP)
 
@@ -18,16 +18,20 @@ $(STAMP): pyproject.toml constraints.txt
 	touch $(STAMP)
 
 run: $(STAMP)
-	$(BIN)/tideflow generate --max-tokens 48
+	$(BIN)/tideflow release
 
-test: $(STAMP)
+test: $(STAMP) prometheus
 	$(BIN)/python -m pytest -q -m "not slow"
 
-test-slow: $(STAMP)
+test-slow: $(STAMP) prometheus
 	$(BIN)/python -m pytest -q -m slow
 
 bench: $(STAMP)
 	for b in benchmarks/*.py; do $(BIN)/python $$b || exit 1; done
+
+# The canary tests start a real Prometheus (Debian's package); installs it when missing.
+prometheus:
+	command -v prometheus >/dev/null || { apt-get update && apt-get install -y prometheus; }
 
 clean:
 	rm -rf $(VENV) .tideflow

@@ -14,6 +14,7 @@ from safetensors.torch import save_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from engine.config import ModelConfig
+from engine.encoder.vision import write_vision_encoder
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
@@ -89,7 +90,7 @@ TINY_CONFIG = DEFAULT_CONFIG.model_copy(update=dict(
 
 
 def write_default_model(out_dir: str | Path, config: ModelConfig = DEFAULT_CONFIG, seed: int = 0) -> Path:
-    """Write config.json, model.safetensors, tokenizer.json and tokenizer_config.json."""
+    """Write config.json, model.safetensors, tokenizer.json, tokenizer_config.json and the vision encoder."""
     if config.architecture != "MixtralForCausalLM":
         raise ValueError("the default model is written in the Mixtral layout")
     out = Path(out_dir)
@@ -99,4 +100,5 @@ def write_default_model(out_dir: str | Path, config: ModelConfig = DEFAULT_CONFI
     (out / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|im_end|>", "bos_token": None}, indent=2))
     (out / "config.json").write_text(json.dumps(config.to_hf(), indent=2))
     save_file(random_hf_state(config, seed), str(out / "model.safetensors"), metadata={"format": "pt"})
+    write_vision_encoder(out, config.hidden_size, seed)  # for the encoder role (vision_encoder/)
     return out

@@ -21,12 +21,17 @@ class OutOfBlocks(Exception):
     """Not enough free blocks for the tokens asked for; the scheduler preempts and retries."""
 
 
-def block_hash(prev: int | None, tokens: list[int]) -> int:
-    """Stable across processes (the PD transfer matches hashes between instances)."""
+def block_hash(prev: int | None, tokens: list[int], extra: bytes = b"") -> int:
+    """Stable across processes (the PD transfer matches hashes between instances).
+
+    `extra` names what the token ids do not: the images whose placeholder tokens the block holds.
+    """
     h = hashlib.blake2b(digest_size=8)
     h.update((prev if prev is not None else 0).to_bytes(8, "little", signed=False))
     h.update(b"\x01" if prev is not None else b"\x00")
     h.update(torch.tensor(tokens, dtype=torch.int64).numpy().tobytes())
+    if extra:
+        h.update(extra)
     return int.from_bytes(h.digest(), "little")
 
 
@@ -67,7 +72,7 @@ class BlockAllocator:
         tokens, bs = seq.tokens, self.block_size
         prev: int | None = None
         for i in range((len(tokens) - 1) // bs):
-            h = block_hash(prev, tokens[i * bs : (i + 1) * bs])
+            h = block_hash(prev, tokens[i * bs : (i + 1) * bs], seq.block_extras.get(i, b""))
             block = self.cached.get(h)
             if block is None:
                 break
@@ -96,7 +101,7 @@ class BlockAllocator:
         tokens = seq.tokens
         prev = seq.block_hashes[-1] if seq.block_hashes else None
         for i in range(len(seq.block_hashes), full):
-            h = block_hash(prev, tokens[i * bs : (i + 1) * bs])
+            h = block_hash(prev, tokens[i * bs : (i + 1) * bs], seq.block_extras.get(i, b""))
             seq.block_hashes.append(h)
             block = seq.block_table[i]
             if self.enable_prefix_cache and h not in self.cached and self.hash_of[block] is None:

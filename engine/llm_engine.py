@@ -20,6 +20,8 @@ from typing import Callable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from engine.encoder.prompt import block_extras, step_embeds
+from engine.encoder.splice import SplicedPrompt
 from engine.errors import TideflowError
 from engine.kv_cache import BlockAllocator, OutOfBlocks, import_blocks, num_blocks_for_budget
 from engine.model.decoder import MoEForCausalLM
@@ -131,6 +133,7 @@ class _Request:
     decoder: IncrementalDecoder
     holdback: int
     imported: _Import | None = None
+    spliced: SplicedPrompt | None = None  # a prompt with images: embeddings for the image positions
     sent_chars: int = 0
     first_token_at: float | None = None
     last_token_at: float | None = None
@@ -157,16 +160,21 @@ class RequestStream:
 
 class LLMEngine:
     def __init__(self, model: MoEForCausalLM, tokenizer: Tokenizer, config: EngineConfig,
-                 metrics: ServingMetrics | None = None) -> None:
+                 metrics: ServingMetrics | None = None, runner=None) -> None:
+        """`runner` replaces the ModelRunner (e.g. engine.parallel.serving.DEPRunner, sized by its owner);
+        a runner with `lockstep = True` is stepped every iteration: idle, the loop calls its `idle(wake)`."""
         self.model, self.tokenizer, self.config = model, tokenizer, config
         self.metrics = metrics if metrics is not None else ServingMetrics()
         mc = model.config
-        if config.kv_cache_bytes is not None:
+        if runner is not None:
+            num_blocks = runner.num_blocks
+        elif config.kv_cache_bytes is not None:
             num_blocks = num_blocks_for_budget(mc, config.block_size, config.device, kv_cache_bytes=config.kv_cache_bytes)
         else:
             fraction = config.kv_cache_fraction or DEFAULT_KV_FRACTION
             num_blocks = num_blocks_for_budget(mc, config.block_size, config.device, kv_cache_fraction=fraction)
-        self.runner = ModelRunner(model, num_blocks, config.block_size)
+        self.runner = runner if runner is not None else ModelRunner(model, num_blocks, config.block_size)
+        self.lockstep = bool(getattr(self.runner, "lockstep", False))
         self.allocator = BlockAllocator(num_blocks, config.block_size, config.enable_prefix_cache)
         self.scheduler = Scheduler(self.allocator, config.max_num_seqs, config.max_batch_tokens, config.max_wait_ms / 1000)
         self.eos_ids = tuple(set(mc.eos_ids) | set(tokenizer.eos_ids))
@@ -221,29 +229,36 @@ class LLMEngine:
             )
 
     def submit(self, prompt_tokens: list[int], params: SamplingParams, sink: Sink, request_id: str | None = None,
-               handoff: Handoff | None = None) -> str:
+               handoff: Handoff | None = None, images: SplicedPrompt | None = None) -> str:
         """Queue a request. With `handoff`, the engine stops after the first token and exports the
-        prompt's KV for a decode worker (the prefill role)."""
+        prompt's KV for a decode worker (the prefill role). `images` carries the embeddings of a
+        prompt with images (engine.encoder.prompt.spliced_prompt of the same token ids)."""
         self.check(prompt_tokens, params)
         request_id = request_id or f"req-{next(self._ids)}"
         seq = Sequence(request_id, list(prompt_tokens), params, make_generator(params), handoff=handoff)
-        return self._enqueue(self._new_request(seq, sink))
+        return self._enqueue(self._new_request(seq, sink, images))
 
     def submit_prefilled(self, prompt_tokens: list[int], params: SamplingParams, prefilled: HandoffResult,
-                         kv: memoryview, on_imported: Callable[[], None], sink: Sink, request_id: str | None = None) -> str:
+                         kv: memoryview, on_imported: Callable[[], None], sink: Sink, request_id: str | None = None,
+                         images: SplicedPrompt | None = None) -> str:
         """Continue a sequence another engine prefilled (the decode role): its KV bytes are
-        imported into fresh blocks and generation resumes from the first token."""
+        imported into fresh blocks and generation resumes from the first token. `images` keeps a
+        recompute after preemption (and the prefix cache's block names) right for prompts with images."""
         self.check(prompt_tokens, params)
         request_id = request_id or f"req-{next(self._ids)}"
         seq = Sequence(request_id, list(prompt_tokens), params, decode_generator(prefilled.generator_state))
         seq.num_cached_prompt = prefilled.num_cached_tokens
-        req = self._new_request(seq, sink)
+        req = self._new_request(seq, sink, images)
         req.imported = _Import(prefilled.first_token, kv, on_imported)
         return self._enqueue(req)
 
-    def _new_request(self, seq: Sequence, sink: Sink) -> _Request:
+    def _new_request(self, seq: Sequence, sink: Sink, images: SplicedPrompt | None = None) -> _Request:
         holdback = max((len(s) for s in seq.params.stop), default=1) - 1
-        return _Request(seq, sink, IncrementalDecoder(self.tokenizer), holdback)
+        if images is not None and images.images:
+            seq.block_extras = block_extras(images.images, self.config.block_size)
+        else:
+            images = None
+        return _Request(seq, sink, IncrementalDecoder(self.tokenizer), holdback, spliced=images)
 
     def _enqueue(self, req: _Request) -> str:
         with self._submit_lock:
@@ -254,16 +269,18 @@ class LLMEngine:
         return req.seq.request_id
 
     def stream(self, prompt_tokens: list[int], params: SamplingParams, request_id: str | None = None,
-               handoff: Handoff | None = None) -> RequestStream:
+               handoff: Handoff | None = None, images: SplicedPrompt | None = None) -> RequestStream:
         """Submit from a coroutine; iterate the returned stream with `async for`."""
         stream = RequestStream(asyncio.get_running_loop())
-        stream.request_id = self.submit(prompt_tokens, params, stream.put, request_id, handoff)
+        stream.request_id = self.submit(prompt_tokens, params, stream.put, request_id, handoff, images)
         return stream
 
     def stream_prefilled(self, prompt_tokens: list[int], params: SamplingParams, prefilled: HandoffResult,
-                         kv: memoryview, on_imported: Callable[[], None]) -> RequestStream:
+                         kv: memoryview, on_imported: Callable[[], None],
+                         images: SplicedPrompt | None = None) -> RequestStream:
         stream = RequestStream(asyncio.get_running_loop())
-        stream.request_id = self.submit_prefilled(prompt_tokens, params, prefilled, kv, on_imported, stream.put)
+        stream.request_id = self.submit_prefilled(prompt_tokens, params, prefilled, kv, on_imported, stream.put,
+                                                  images=images)
         return stream
 
     def abort(self, request_id: str) -> None:
@@ -296,6 +313,32 @@ class LLMEngine:
     def num_running(self) -> int:
         return len(self.scheduler.running)
 
+    @property
+    def num_open(self) -> int:
+        """Requests submitted and not finished yet (queued, running or waiting for KV import)."""
+        return len(self._adds) + len(self._requests)
+
+    # ---- KV memory of a silent instance (engine/scaling/silent.py) -----------------------------
+    def release_kv(self) -> None:
+        """Free the KV cache tensors, weights stay loaded; only while no request is open."""
+        if self.num_open:
+            raise EngineError(f"{self.num_open} requests are open; drain them before releasing the KV cache")
+        self.runner.release()
+        if self.runner.device.type == "cuda":
+            import torch
+
+            torch.cuda.empty_cache()  # hand the freed blocks back to the device, not just the caching allocator
+
+    def allocate_kv(self, num_blocks: int) -> None:
+        """Allocate `num_blocks` of KV cache with a fresh allocator (the old prefix cache died with the old tensors)."""
+        if self.num_open:
+            raise EngineError(f"{self.num_open} requests are open; the KV cache cannot be swapped under them")
+        self.runner.allocate(num_blocks)
+        self.allocator = BlockAllocator(num_blocks, self.config.block_size, self.config.enable_prefix_cache)
+        self.scheduler.allocator = self.allocator
+        self.max_model_len = min(self.model.config.context_length, num_blocks * self.config.block_size)
+        self.stats = {**self.stats, "kv_blocks_free": num_blocks}
+
     # ---- the engine thread -------------------------------------------------------------------
     def _loop(self) -> None:
         while not self._stopping:
@@ -304,6 +347,9 @@ class LLMEngine:
             now = time.monotonic()
             plan = self.scheduler.schedule(now) if self.scheduler.has_work else None
             if plan is None or not plan.batch:
+                if self.lockstep:
+                    self.runner.idle(self._wake)  # the peers may have work: join their step
+                    continue
                 wake_at = self.scheduler.wake_at()
                 self._wake.wait(None if wake_at is None else max(0.0, wake_at - now))
                 continue
@@ -378,10 +424,7 @@ class LLMEngine:
         req.sink(out)
 
     def _run(self, plan: StepPlan) -> None:
-        steps = [
-            SeqStep(_slice(item.seq, item.seq.num_computed, item.num_new), item.seq.num_computed, item.seq.block_table)
-            for item in plan.batch
-        ]
+        steps = [self._step(item.seq, item.num_new) for item in plan.batch]
         done = [item for item in plan.batch if item.completes]
         self.metrics.prefill_tokens.inc(
             sum(i.num_new for i in plan.batch if not (i.num_new == 1 and i.completes and i.seq.output_tokens))
@@ -404,6 +447,12 @@ class LLMEngine:
         now = time.monotonic()
         for item, tok in zip(done, tokens):
             self._on_token(self._requests[item.seq.request_id], tok, now)
+
+    def _step(self, seq: Sequence, num_new: int) -> SeqStep:
+        tokens = _slice(seq, seq.num_computed, num_new)
+        spliced = self._requests[seq.request_id].spliced
+        embeds = None if spliced is None else step_embeds(spliced, self.model.embed, seq.num_computed, tokens)
+        return SeqStep(tokens, seq.num_computed, seq.block_table, embeds)
 
     def _on_token(self, req: _Request, tok: int, now: float) -> None:
         seq = req.seq

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 from pydantic import BaseModel, Field
 
+from engine.encoder.prompt import PromptImage
 from engine.kv_cache import export_into, kv_nbytes
 from engine.model.paged import KVCache
 from engine.transfer import KVSender, TransferDescriptor
@@ -40,12 +41,14 @@ class HandoffResult(BaseModel):
 class PrefillRequest(BaseModel):
     prompt_token_ids: list[int] = Field(min_length=1)
     request: dict = Field(description="the client's OpenAI request body (sampling fields)")
+    images: list[PromptImage] = Field(default_factory=list, description="encoder output placed in the prompt")
 
 
 class DecodeRequest(HandoffResult):
     api: str = Field(pattern="^(completions|chat/completions)$")
     request: dict
     prompt_token_ids: list[int] = Field(min_length=1)
+    images: list[PromptImage] = Field(default_factory=list, description="encoder output placed in the prompt")
 
 
 def new_transfer_id() -> str:

@@ -39,6 +39,7 @@ class Sequence:
     admitted: bool = False
     finish_reason: str | None = None
     handoff: object | None = None  # engine.pd.Handoff: a decode worker continues after the first token
+    block_extras: dict[int, bytes] = field(default_factory=dict)  # block index -> image hashes folded into its hash
 
     @property
     def tokens(self) -> list[int]:

@@ -14,6 +14,9 @@ from engine.parallel.serve_args import add_arguments as add_dep_arguments, dep_s
 
 log = logging.getLogger(__name__)
 
+# Longer than the router's keepalive_expiry: the router always closes an idle connection first.
+MEMBER_KEEP_ALIVE_S = 30
+
 
 def add_commands(subparsers) -> None:
     p = subparsers.add_parser("serve", help="serve a checkpoint directory over the OpenAI API")
@@ -100,7 +103,7 @@ def serve(args: argparse.Namespace) -> int:
              engine.allocator.num_blocks, config.block_size)
     app = create_app(engine, config.model_name, keys, transport=None if args.role == "colocated" else args.kv_transport,
                      faults=faults, standby=args.standby)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_keep_alive=MEMBER_KEEP_ALIVE_S)
     return 0
 
 

@@ -6,7 +6,9 @@ import json
 from pathlib import Path
 
 import jinja2.sandbox
-from pydantic import BaseModel, Field
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
 from tokenizers import Tokenizer as HFTokenizer
 
 from engine.errors import CheckpointError
@@ -18,9 +20,49 @@ DEFAULT_CHAT_TEMPLATE = (
 )
 
 
+class TextPart(BaseModel):
+    """An OpenAI text content part."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["text"]
+    text: str = Field(description="the text")
+
+
+class ImageURL(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    url: str = Field(min_length=1, description="a base64 data URL: data:image/png;base64,...")
+    detail: Literal["auto", "low", "high"] | None = Field(None, description="accepted for compatibility; ignored")
+
+
+class ImagePart(BaseModel):
+    """An OpenAI image content part; the encoder role turns it into embeddings."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["image_url"]
+    image_url: ImageURL = Field(description="where the image is")
+
+
+ContentPart = Annotated[TextPart | ImagePart, Field(discriminator="type")]
+
+
 class ChatMessage(BaseModel):
     role: str = Field(pattern="^(system|user|assistant|tool)$", description="who speaks")
-    content: str = Field(description="text of the message")
+    content: str | list[ContentPart] = Field(description="text of the message, or OpenAI content parts (text, image_url)")
+
+    @property
+    def image_urls(self) -> list[str]:
+        return [] if isinstance(self.content, str) else [p.image_url.url for p in self.content if isinstance(p, ImagePart)]
+
+    def text(self, image_marker: str | None = None) -> str:
+        """The content as one string; each image part becomes `image_marker` (ValueError without one)."""
+        if isinstance(self.content, str):
+            return self.content
+        if image_marker is None and self.image_urls:
+            raise ValueError("the message has image parts and nothing to place them with")
+        return "".join(p.text if isinstance(p, TextPart) else image_marker for p in self.content)
 
 
 class Tokenizer:
@@ -43,15 +85,22 @@ class Tokenizer:
     def vocab_size(self) -> int:
         return self._tok.get_vocab_size()
 
+    def token_id(self, token: str) -> int | None:
+        """The id of one vocabulary entry (e.g. a special token), None when absent."""
+        return self._tok.token_to_id(token)
+
     def encode(self, text: str) -> list[int]:
         return self._tok.encode(text, add_special_tokens=False).ids
 
     def decode(self, ids: list[int]) -> str:
         return self._tok.decode(ids, skip_special_tokens=True)
 
-    def apply_chat_template(self, messages: list[ChatMessage], add_generation_prompt: bool = True) -> str:
+    def apply_chat_template(self, messages: list[ChatMessage], add_generation_prompt: bool = True,
+                            image_marker: str | None = None) -> str:
+        """The prompt text; image parts render as `image_marker` (engine.encoder.prompt splits on it)."""
         return self._template.render(
-            messages=[m.model_dump() for m in messages], add_generation_prompt=add_generation_prompt, **self._special
+            messages=[{"role": m.role, "content": m.text(image_marker)} for m in messages],
+            add_generation_prompt=add_generation_prompt, **self._special
         )
 
 

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from prefect import flow
 
-from flows.params import KernelParams
 from kernels.spec import BuildManifest, BuildRequest
 from tasks.kernels import compile_kernels
 
 
 @flow(name="build_kernels", log_prints=True)
-def build_kernels(params: KernelParams = KernelParams()) -> BuildManifest:
-    return compile_kernels(BuildRequest(**params.model_dump()))
+def build_kernels(request: BuildRequest = BuildRequest()) -> BuildManifest:
+    return compile_kernels(request)

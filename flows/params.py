@@ -7,7 +7,6 @@ from pathlib import Path
 from pydantic import BaseModel, Field
 
 from engine.paths import home
-from kernels.spec import BuildRequest
 
 
 class WeightsParams(BaseModel):
@@ -46,7 +45,3 @@ def cache_dir_for(url: str) -> Path:
     import hashlib
 
     return home() / "cache" / "weights" / hashlib.sha256(url.encode()).hexdigest()[:16]
-
-
-class KernelParams(BuildRequest):
-    """What to compile (BuildRequest's fields)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 from prefect import get_run_logger, task
@@ -40,12 +41,13 @@ def publish_weights(src: Path, dest: str, model: str, version: str, force: bool 
 
 
 def _manifest_digest_key(context, parameters) -> str | None:
-    """Cache verification by manifest digest: the same manifest verified once stays verified."""
+    """Cache verification by manifest digest at that URL: the same manifest verified once there stays verified."""
     try:
         manifest = read_manifest(open_store(parameters["url"]))
     except Exception:
         return None
-    return f"verify-{manifest.digest}-{'deep' if parameters.get('deep') else 'shallow'}"
+    where = hashlib.sha256(parameters["url"].encode()).hexdigest()[:16]
+    return f"verify-{where}-{manifest.digest}-{'deep' if parameters.get('deep') else 'shallow'}"
 
 
 @task(name="verify_weights", retries=2, retry_delay_seconds=BACKOFF, retry_jitter_factor=JITTER,

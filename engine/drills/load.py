@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable
 from datetime import datetime, timezone
@@ -111,9 +112,10 @@ def _client(spec: LoadDrillSpec) -> openai.AsyncOpenAI:
                               timeout=spec.request_timeout_s, http_client=http)
 
 
-async def drive(spec: LoadDrillSpec, plan: list[PlannedRequest],
-                on_done: Callable[[RequestRecord], None]) -> tuple[list[RequestRecord], float]:
-    """Send `plan` on its clock; return every request's record (len == len(plan)) and the start wall time."""
+async def drive(spec: LoadDrillSpec, plan: list[PlannedRequest], on_done: Callable[[RequestRecord], None],
+                stop: threading.Event | None = None) -> tuple[list[RequestRecord], float]:
+    """Send `plan` on its clock (or until `stop` is set: later arrivals are not sent); return every sent
+    request's record and the start wall time."""
     records: list[RequestRecord] = []
     pending: set[asyncio.Task] = set()
 
@@ -128,6 +130,8 @@ async def drive(spec: LoadDrillSpec, plan: list[PlannedRequest],
             delay = t0 + req.arrival_s - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
+            if stop is not None and stop.is_set():
+                break
             if len(pending) >= spec.max_in_flight:
                 now = time.perf_counter() - t0
                 finish(RequestRecord(step=req.step, index=req.index, scheduled_s=req.arrival_s, sent_s=now,
@@ -142,8 +146,11 @@ async def drive(spec: LoadDrillSpec, plan: list[PlannedRequest],
     return sorted(records, key=lambda r: r.index), started
 
 
-async def run_load_drill_async(spec: LoadDrillSpec, progress: ProgressCallback | None = None) -> LoadDrillReport:
-    """The drill: schedule, drive, summarise per step, find the watermark, then write and validate the reports."""
+async def run_load_drill_async(spec: LoadDrillSpec, progress: ProgressCallback | None = None,
+                               stop: threading.Event | None = None) -> LoadDrillReport:
+    """The drill: schedule, drive, summarise per step, find the watermark, then write and validate the reports.
+
+    Setting `stop` ends the arrivals early (background traffic); the report covers what was sent."""
     plan, rates = build_schedule(spec)
     counts = {"ok": 0, "error": 0}
     bar = tqdm(total=len(plan), desc="load drill", unit="req", file=sys.stderr, disable=not spec.progress_bar)
@@ -156,9 +163,10 @@ async def run_load_drill_async(spec: LoadDrillSpec, progress: ProgressCallback |
             progress(DrillProgress(total=len(plan), done=counts["ok"] + counts["error"], step=rec.step, **counts))
 
     try:
-        records, started = await drive(spec, plan, on_done)
+        records, started = await drive(spec, plan, on_done, stop)
     finally:
         bar.close()
+    plan = plan[: len(records)]
     steps = [summarize_step(k, rate, sum(p.step == k for p in plan), [r for r in records if r.step == k], spec)
              for k, rate in enumerate(rates)]
     top = capacity_watermark(steps)
@@ -178,6 +186,7 @@ async def run_load_drill_async(spec: LoadDrillSpec, progress: ProgressCallback |
     return report
 
 
-def run_load_drill(spec: LoadDrillSpec, progress: ProgressCallback | None = None) -> LoadDrillReport:
+def run_load_drill(spec: LoadDrillSpec, progress: ProgressCallback | None = None,
+                   stop: threading.Event | None = None) -> LoadDrillReport:
     """Blocking entry point (for the Prefect task and the CLI): runs the drill on a fresh event loop."""
-    return asyncio.run(run_load_drill_async(spec, progress))
+    return asyncio.run(run_load_drill_async(spec, progress, stop))

@@ -1,4 +1,4 @@
-"""Process-group setup for a DEP instance: gloo on CPU, NCCL on CUDA, rendezvous over TCP on 127.0.0.1."""
+"""Process-group setup for a DEP instance: gloo on CPU, NCCL on CUDA, rendezvous over TCP at rank 0 (127.0.0.1 by default)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,8 @@ class DistConfig(BaseModel):
 
     rank: int = Field(ge=0, description="this process's rank in the instance")
     world_size: int = Field(gt=0, description="ranks in the instance (the n of DEP<n>)")
-    port: int = Field(gt=0, lt=65536, description="TCP store port on 127.0.0.1, served by rank 0")
+    host: str = Field("127.0.0.1", min_length=1, description="host of rank 0's TCP store")
+    port: int = Field(gt=0, lt=65536, description="TCP store port on `host`, served by rank 0")
     backend: Backend | None = Field(None, description="collective backend; None picks nccl with CUDA, else gloo")
     timeout_s: float = Field(60.0, gt=0, description="a collective that waits longer than this fails the rank")
 
@@ -49,7 +50,7 @@ def init(config: DistConfig) -> None:
     if config.resolved_backend == "nccl":
         torch.cuda.set_device(config.device)
     dist.init_process_group(
-        config.resolved_backend, init_method=f"tcp://127.0.0.1:{config.port}", rank=config.rank,
+        config.resolved_backend, init_method=f"tcp://{config.host}:{config.port}", rank=config.rank,
         world_size=config.world_size, timeout=timedelta(seconds=config.timeout_s),
     )
 

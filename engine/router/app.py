@@ -45,7 +45,9 @@ def create_router_app(config: RouterConfig, api_keys: list[str], admin_keys: lis
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        limits = httpx.Limits(max_connections=1024, max_keepalive_connections=256)
+        # Idle upstream connections expire here well before the members' keep-alive timeout closes
+        # them, so a request is never sent on a socket the server is closing (a spurious ReadError).
+        limits = httpx.Limits(max_connections=1024, max_keepalive_connections=256, keepalive_expiry=2.0)
         async with httpx.AsyncClient(limits=limits, headers=headers, trust_env=False) as client:
             monitor = HealthMonitor(registry, client, config.health_interval_s, config.eject_after, config.readmit_after)
             state["proxy"] = Proxy(config, registry, client, metrics, preparer.prepare if preparer else _no_pd, headers)

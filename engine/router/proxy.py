@@ -3,7 +3,9 @@
 Colocated groups get the client's request as it came. Disaggregated groups run the stages
 themselves: prefill (prefix-affinity LB) computes the KV cache and the first token, decode
 (KV-aware LB) pulls that KV and streams the rest. A stage that fails before any byte reached
-the client is retried elsewhere (bounded); after that, the client gets an error event.
+the client is retried elsewhere (bounded); after that, the client gets an error event. Chat
+requests with images, in groups with an encoder role, first get their embeddings from the
+encoder LB; prefill and decode receive them with the prompt.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from engine.kv_cache import block_hash
 from engine.router.balancer import DecodeBalancer, LeastQueuedBalancer, PrefillBalancer
 from engine.router.config import RouterConfig
 from engine.router.health import HealthMonitor
+from engine.router.images import ImagePrompts
 from engine.router.metrics import RouterMetrics
 from engine.router.registry import EndpointState, GroupState, Registry
 from engine.server.errors import error_response
@@ -57,6 +60,8 @@ class Proxy:
         self.prefill_lb = PrefillBalancer(config.affinity_threshold_tokens)
         self.decode_lb = DecodeBalancer()
         self.colocated_lb = LeastQueuedBalancer()
+        self.encoder_lb = LeastQueuedBalancer()
+        self.images = ImagePrompts(config.model_dir) if config.model_dir else None
 
     async def serve(self, api: str, body: dict, raw: bytes) -> Response:
         t0 = time.monotonic()
@@ -95,14 +100,39 @@ class Proxy:
         if not group.disaggregated:
             target = self.colocated_lb.choose(group.by_role("colocated") or _fail("no healthy colocated member"))
             return await self._post(target, f"/v1/{api}", raw, stream, deadline)
-        prompt = self.prepare_prompt(api, body)
-        hashes = _block_hashes(prompt, self.config.block_size)
-        prefill = await self._prefill(group, prompt, body, hashes, deadline)
-        decode_body = json.dumps({"api": api, "request": body, "prompt_token_ids": prompt, **prefill}).encode()
+        urls = self.images.urls(api, body, raw) if self.images is not None else []
+        if urls and any(e.endpoint.role == "encoder" for e in group.endpoints):
+            encoded = await self._encode(group, urls, deadline)
+            prompt, placed, extras = self.images.prompt(body, encoded, self.config.block_size)
+            images = [p.model_dump() for p in placed]
+        else:  # text only; images without an encoder role are refused by prepare_prompt
+            prompt, images, extras = self.prepare_prompt(api, body), [], {}
+        hashes = _block_hashes(prompt, self.config.block_size, extras)
+        prefill = await self._prefill(group, prompt, body, hashes, deadline, images)
+        decode_body = json.dumps({"api": api, "request": body, "prompt_token_ids": prompt, "images": images,
+                                  **prefill}).encode()
         target = self.decode_lb.choose(group.by_role("decode") or _fail("no healthy decode member"))
         return await self._post(target, "/internal/decode", decode_body, stream, deadline)
 
-    async def _prefill(self, group: GroupState, prompt: list[int], body: dict, hashes: list[int], deadline: float) -> dict:
+    async def _encode(self, group: GroupState, urls: list[str], deadline: float) -> list[dict]:
+        """Bounded retries across the group's encoders (fewest queued images first); their embeddings."""
+        last = "no healthy encoder member"
+        content = json.dumps({"images": urls}).encode()
+        for _ in range(self.config.max_attempts):
+            candidates = group.by_role("encoder")
+            if not candidates:
+                break
+            target = self.encoder_lb.choose(candidates)
+            try:
+                opened = await self._post(target, "/internal/encode", content, False, deadline)
+            except UpstreamFailed as exc:
+                last = str(exc)
+                continue
+            return json.loads(opened.body)["images"]
+        raise UpstreamFailed(last)
+
+    async def _prefill(self, group: GroupState, prompt: list[int], body: dict, hashes: list[int], deadline: float,
+                       images: list[dict]) -> dict:
         """Bounded retries across the group's prefill instances; returns the handover for decode."""
         last = "no healthy prefill member"
         for _ in range(self.config.max_attempts):
@@ -113,7 +143,8 @@ class Proxy:
             target.queued_prefill_tokens += len(prompt)
             try:
                 opened = await self._post(target, "/internal/prefill",
-                                          json.dumps({"prompt_token_ids": prompt, "request": body}).encode(), False, deadline)
+                                          json.dumps({"prompt_token_ids": prompt, "request": body, "images": images}).encode(),
+                                          False, deadline)
             except UpstreamFailed as exc:
                 last = str(exc)
                 continue
@@ -254,10 +285,10 @@ class StreamMeter:
         return (self.end - self.first) / (self.tokens - 1)
 
 
-def _block_hashes(tokens: list[int], block_size: int) -> list[int]:
+def _block_hashes(tokens: list[int], block_size: int, extras: dict[int, bytes] | None = None) -> list[int]:
     hashes, prev = [], None
     for i in range(0, len(tokens) - block_size + 1, block_size):
-        prev = block_hash(prev, tokens[i : i + block_size])
+        prev = block_hash(prev, tokens[i : i + block_size], (extras or {}).get(i // block_size, b""))
         hashes.append(prev)
     return hashes
 

@@ -11,7 +11,10 @@ from typing import AsyncIterator
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from engine.faults import FaultInjector
 from engine.llm_engine import LLMEngine, RequestOutput, RequestStream
+from engine.scaling.silent import InstanceState, ServingSwitch
+from engine.server.admin_routes import admin_routes
 from engine.server.auth import BearerAuth
 from engine.server.errors import APIError, error_response, install_error_handlers
 from engine.server.pd_routes import pd_routes
@@ -27,8 +30,15 @@ log = logging.getLogger(__name__)
 
 
 def create_app(engine: LLMEngine, model_name: str, api_keys: list[str] | None = None, warm_up: bool = True,
-               transport: TransportKind | None = None) -> FastAPI:
-    """The app starts the engine thread and warms it up in the background; /ready turns 200 after."""
+               transport: TransportKind | None = None, faults: FaultInjector | None = None,
+               standby: bool = False) -> FastAPI:
+    """The app starts the engine thread and warms it up in the background; /ready turns 200 after.
+
+    `faults` (tests and drills only) fails or slows the completion and chat routes on purpose.
+    `standby`: warm up, then release the KV cache and wait silent for POST /admin/activate.
+    """
+    switch = ServingSwitch(engine)
+    faults = faults or FaultInjector()
     auth = BearerAuth(api_keys or [])
     if not auth.enabled:
         log.warning("no API keys configured: every route is open (set TIDEFLOW_API_KEYS or --api-key-file)")
@@ -37,7 +47,7 @@ def create_app(engine: LLMEngine, model_name: str, api_keys: list[str] | None = 
     async def lifespan(app: FastAPI):
         engine.start()
         if warm_up:
-            threading.Thread(target=_warm, args=(engine,), name="tideflow-warm-up", daemon=True).start()
+            threading.Thread(target=_warm, args=(switch, standby), name="tideflow-warm-up", daemon=True).start()
         try:
             yield
         finally:
@@ -59,6 +69,8 @@ def create_app(engine: LLMEngine, model_name: str, api_keys: list[str] | None = 
 
     @open_routes.get("/ready")
     async def ready() -> JSONResponse:
+        if switch.state == InstanceState.STANDBY:  # loaded and warm: the group manager counts it as ready
+            return JSONResponse({"status": "standby", "model": model_name})
         if not engine.ready:
             return error_response(503, "the model is loading or warming up", code="not_ready")
         return JSONResponse({"status": "ready", "model": model_name})
@@ -118,24 +130,27 @@ def create_app(engine: LLMEngine, model_name: str, api_keys: list[str] | None = 
     @served.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
         prompt, params = prepare(engine, model_name, body)
-        return await respond_completion(body, request, engine.stream(prompt, params))
+        faults.check()
+        return await respond_completion(body, request, faults.slow(engine.stream(prompt, params)))
 
     @served.post("/v1/chat/completions")
     async def chat(body: ChatCompletionRequest, request: Request):
         prompt, params = prepare(engine, model_name, body)
-        return await respond_chat(body, request, engine.stream(prompt, params))
+        faults.check()
+        return await respond_chat(body, request, faults.slow(engine.stream(prompt, params)))
 
     if transport is not None:
         served.include_router(pd_routes(engine, model_name, transport, respond_completion, respond_chat))
 
     app.include_router(open_routes)
+    app.include_router(admin_routes(switch), dependencies=[Depends(auth)])
     app.include_router(served)
     return app
 
 
-def _warm(engine: LLMEngine) -> None:
+def _warm(switch: ServingSwitch, standby: bool) -> None:
     try:
-        engine.warm_up()
+        switch.warm(standby)
     except Exception:
         log.exception("warm-up failed: the engine stays not ready")
 

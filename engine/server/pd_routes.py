@@ -10,6 +10,9 @@ from __future__ import annotations
 import asyncio
 
 from fastapi import APIRouter, Request
+
+from engine.encoder.prompt import spliced_prompt
+from engine.encoder.splice import SplicedPrompt
 from engine.llm_engine import LLMEngine
 from engine.pd import DecodeRequest, Handoff, HandoffResult, PrefillRequest, new_transfer_id
 from engine.server.errors import APIError
@@ -25,6 +28,15 @@ def pd_routes(engine: LLMEngine, model_name: str, transport: TransportKind, resp
     sender = make_sender(transport)
     receiver = make_receiver(transport)
 
+    def spliced(body: PrefillRequest | DecodeRequest) -> SplicedPrompt | None:
+        """The prompt's embeddings with the encoder's images in place (None for text-only prompts)."""
+        if not body.images:
+            return None
+        try:
+            return spliced_prompt(body.prompt_token_ids, body.images, engine.model.embed)
+        except ValueError as exc:
+            raise APIError(400, str(exc), param="images", code="invalid_value") from None
+
     @routes.post("/internal/prefill")
     async def prefill(body: PrefillRequest) -> HandoffResult:
         parsed = parse_body("chat/completions" if "messages" in body.request else "completions", body.request)
@@ -32,7 +44,7 @@ def pd_routes(engine: LLMEngine, model_name: str, transport: TransportKind, resp
         check_token_ids(body.prompt_token_ids, engine.model.config.vocab_size)
         params = params_for(parsed, len(body.prompt_token_ids), engine.max_model_len)
         handoff = Handoff(sender, new_transfer_id())
-        stream = engine.stream(body.prompt_token_ids, params, handoff=handoff)
+        stream = engine.stream(body.prompt_token_ids, params, handoff=handoff, images=spliced(body))
         async for out in stream:
             if out.error is not None:
                 raise APIError(500, out.error, code="engine_error")
@@ -45,6 +57,7 @@ def pd_routes(engine: LLMEngine, model_name: str, transport: TransportKind, resp
         parsed = parse_body(body.api, body.request)
         check_model(parsed.model, model_name)
         params = params_for(parsed, len(body.prompt_token_ids), engine.max_model_len)
+        images = spliced(body)
         try:
             kv = await asyncio.to_thread(receiver.fetch, body.descriptor, fetch_timeout_s)
         except KVTransferError as exc:
@@ -54,7 +67,7 @@ def pd_routes(engine: LLMEngine, model_name: str, transport: TransportKind, resp
             kv.release()
             receiver.release(body.descriptor)
 
-        stream = engine.stream_prefilled(body.prompt_token_ids, params, body, kv, release)
+        stream = engine.stream_prefilled(body.prompt_token_ids, params, body, kv, release, images)
         respond = respond_chat if body.api == "chat/completions" else respond_completion
         return await respond(parsed, request, stream)
 

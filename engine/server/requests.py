@@ -15,6 +15,9 @@ Body = CompletionRequest | ChatCompletionRequest
 def prompt_ids(tokenizer: Tokenizer, body: Body) -> list[int]:
     """Chat requests go through the chat template; completions take text or token ids."""
     if isinstance(body, ChatCompletionRequest):
+        if any(m.image_urls for m in body.messages):
+            raise APIError(400, "image content parts need a group with an encoder role (prefill + decode + encoder); "
+                           "this deployment serves text only", param="messages", code="images_unsupported")
         return tokenizer.encode(tokenizer.apply_chat_template(body.messages))
     return tokenizer.encode(body.prompt) if isinstance(body.prompt, str) else list(body.prompt)
 

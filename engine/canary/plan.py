@@ -1,0 +1,71 @@
+"""CanaryPlan: the traffic steps of a rollout, how long each is held, the gate suite, and what follows."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+DEFAULT_SUITE = Path(__file__).resolve().parents[2] / "deployments" / "expectations" / "canary.json"
+
+
+class CanaryStep(BaseModel):
+    """One traffic share and its hold: the step passes once both the time and the request count are reached."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    percent: float = Field(gt=0, le=100, description="canary share of the two groups' traffic, in percent")
+    hold_s: float = Field(60.0, gt=0, description="seconds the step is held while its gates keep passing")
+    min_requests: int = Field(100, ge=1, description="canary requests in the step before its gates are judged "
+                              "(a p99 over fewer than ~100 requests is close to their maximum)")
+    max_hold_s: float = Field(600.0, gt=0, description="roll back if min_requests is not reached by then")
+
+    @model_validator(mode="after")
+    def _max_after_hold(self) -> "CanaryStep":
+        if self.max_hold_s < self.hold_s:
+            raise ValueError(f"max_hold_s ({self.max_hold_s}) must be >= hold_s ({self.hold_s})")
+        return self
+
+
+class CanaryPlan(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    steps: list[CanaryStep] = Field(
+        default_factory=lambda: [CanaryStep(percent=p) for p in (5, 25, 50, 100)],
+        description="increasing canary shares ending at 100; a bare number is a step with the default hold",
+    )
+    check_interval_s: float = Field(1.0, gt=0, description="how often the gates are evaluated during a hold")
+    suite: Path = Field(DEFAULT_SUITE, description="Great Expectations suite (JSON) run on the step table")
+    on_promote: Literal["park", "remove"] = Field(
+        "park", description="the stable group after promotion: drained and parked in the warm pool (Standby) when the "
+                            "rollout runs on a group set, left registered at weight 0 with only a router; or drained and removed")
+    on_rollback: Literal["keep", "remove"] = Field(
+        "keep", description="the canary after a rollback: kept at weight 0 for inspection, or drained and removed")
+    drain_s: float = Field(30.0, ge=0, description="longest wait for in-flight requests of a group leaving traffic")
+
+    @field_validator("steps", mode="before")
+    @classmethod
+    def _bare_numbers(cls, value):
+        if isinstance(value, list):
+            return [{"percent": v} if isinstance(v, (int, float)) else v for v in value]
+        return value
+
+    @field_validator("steps")
+    @classmethod
+    def _increasing_to_100(cls, steps: list[CanaryStep]) -> list[CanaryStep]:
+        if not steps:
+            raise ValueError("a plan needs at least one step")
+        shares = [s.percent for s in steps]
+        if any(b <= a for a, b in zip(shares, shares[1:])):
+            raise ValueError(f"step percents must increase strictly, got {shares}")
+        if shares[-1] != 100:
+            raise ValueError(f"the last step must be 100 percent (full promotion), got {shares[-1]}")
+        return steps
+
+    @field_validator("suite")
+    @classmethod
+    def _suite_exists(cls, path: Path) -> Path:
+        if not path.is_file():
+            raise ValueError(f"gate suite {path} does not exist")
+        return path

@@ -1,0 +1,98 @@
+"""A Prometheus process on loopback scraping a group set (router + engine members), from the template.
+
+For runs without a cluster Prometheus: the canary's PrometheusSource reads from it. Keys go into
+0600 files next to the rendered config, never into the config or the logs.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from urllib.parse import urlparse
+
+import jinja2
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
+
+from engine.errors import TideflowError
+from engine.process import Child, free_port, wait_http_ok
+
+TEMPLATE = Path(__file__).resolve().parents[2] / "deployments" / "prometheus" / "prometheus.yml.j2"
+
+
+class PrometheusError(TideflowError):
+    """Prometheus is not installed or did not come up."""
+
+
+class ScrapeJob(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    name: str = Field(pattern=r"^[a-zA-Z_][a-zA-Z0-9_-]*$", description="job label of the scraped series")
+    targets: list[str] = Field(min_length=1, description="host:port of each /metrics endpoint")
+    key: SecretStr = Field(description="bearer key the targets' /metrics require")
+
+
+class PrometheusSetup(BaseModel):
+    scrape_interval_s: float = Field(1.0, gt=0, le=300, description="scrape (and evaluation) period")
+    host: str = Field("127.0.0.1", description="listen address")
+    port: int = Field(0, ge=0, le=65535, description="listen port (0 = any free port)")
+    ready_timeout_s: float = Field(30.0, gt=0, description="how long to wait for /-/ready")
+
+
+def render_config(jobs: list[ScrapeJob], scrape_interval_s: float, key_dir: Path) -> str:
+    """prometheus.yml text from the template; writes each job's key to key_dir/<job>.key (mode 0600)."""
+    key_dir.mkdir(parents=True, exist_ok=True)
+    rendered = []
+    for job in jobs:
+        path = key_dir / f"{job.name}.key"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(job.key.get_secret_value())
+        rendered.append({"name": job.name, "targets": job.targets, "credentials_file": str(path)})
+    template = jinja2.Template(TEMPLATE.read_text(), undefined=jinja2.StrictUndefined)
+    return template.render(jobs=rendered, scrape_interval_s=f"{scrape_interval_s:g}", scrape_timeout_s=f"{scrape_interval_s:g}")
+
+
+def groupset_jobs(groupset) -> list[ScrapeJob]:
+    """A `router` job and an `engines` job over the members registered in a LocalGroupSet's router now."""
+    engines = sorted({urlparse(e["url"]).netloc for g in groupset.admin.groups() for e in g["endpoints"]})
+    jobs = [ScrapeJob(name="router", targets=[urlparse(groupset.url).netloc], key=groupset.client_key)]
+    if engines:
+        jobs.append(ScrapeJob(name="engines", targets=engines, key=groupset.backend.api_key))
+    return jobs
+
+
+def prometheus_binary() -> str:
+    found = shutil.which("prometheus") or ("/usr/bin/prometheus" if Path("/usr/bin/prometheus").exists() else None)
+    if found is None:
+        raise PrometheusError("prometheus is not installed: run `make prometheus` (apt-get install -y prometheus)")
+    return found
+
+
+class LocalPrometheus:
+    """Owns its process: `close()` (or the context manager) stops and reaps it."""
+
+    def __init__(self, jobs: list[ScrapeJob], workdir: Path, setup: PrometheusSetup | None = None) -> None:
+        setup = setup or PrometheusSetup()
+        port = setup.port or free_port(setup.host)
+        self.url = f"http://{setup.host}:{port}"
+        config = workdir / "prometheus.yml"
+        config.write_text(render_config(jobs, setup.scrape_interval_s, workdir / "keys"))
+        argv = [prometheus_binary(), f"--config.file={config}", f"--storage.tsdb.path={workdir / 'data'}",
+                f"--web.listen-address={setup.host}:{port}", "--log.level=warn"]
+        self.child = Child(f"prometheus-{port}", argv, workdir / "prometheus.log")
+        try:
+            if not wait_http_ok(self.url + "/-/ready", setup.ready_timeout_s, child=self.child):
+                raise PrometheusError(f"prometheus did not become ready: {self.child.log_tail()}")
+        except BaseException:
+            self.child.stop()
+            raise
+
+    def close(self) -> None:
+        self.child.stop()
+
+    def __enter__(self) -> "LocalPrometheus":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,88 @@
+"""Fault injection for an engine server, for tests and drills only: slow tokens and failed requests.
+
+`tideflow serve --faults '{"error_rate": 0.5}'` answers that share of completion/chat requests with
+an OpenAI-style HTTP 500; the requests to fail are drawn from a seeded RNG, so a run is repeatable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import threading
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from engine.server.errors import APIError
+
+INJECTED_CODE = "injected_fault"
+
+
+class FaultConfig(BaseModel):
+    """What to break; the defaults break nothing."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    error_rate: float = Field(0.0, ge=0.0, le=1.0, description="share of completion/chat requests answered with HTTP 500")
+    token_delay_s: float = Field(0.0, ge=0.0, le=10.0, description="extra delay before each output of a request (slows TTFT and TPOT)")
+    seed: int = Field(0, description="seed of the RNG that picks the failed requests")
+
+    @classmethod
+    def parse(cls, text: str) -> "FaultConfig":
+        """A FaultConfig from inline JSON or from the path of a JSON file; ValueError names the field."""
+        source = text if text.lstrip().startswith("{") else _read(text)
+        try:
+            return cls.model_validate(json.loads(source))
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"--faults is not valid JSON: {exc}") from None
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"]) or "faults"
+            raise ValueError(f"--faults: {where}: {first['msg']}") from None
+
+
+def _read(path: str) -> str:
+    try:
+        return Path(path).read_text()
+    except OSError as exc:
+        raise ValueError(f"--faults: cannot read {path}: {exc}") from None
+
+
+class FaultInjector:
+    """Applies one FaultConfig in the serving routes; thread-safe, draws in request arrival order."""
+
+    def __init__(self, config: FaultConfig | None = None) -> None:
+        self.config = config or FaultConfig()
+        self._rng = random.Random(self.config.seed)
+        self._lock = threading.Lock()
+
+    def check(self) -> None:
+        """Raise the injected 500 for this request when the draw says so."""
+        if self.config.error_rate <= 0:
+            return
+        with self._lock:
+            fail = self._rng.random() < self.config.error_rate
+        if fail:
+            raise APIError(500, "injected fault: this engine fails a share of requests on purpose (--faults)",
+                           code=INJECTED_CODE)
+
+    def slow(self, stream):
+        """`stream` itself, or a view of it that waits `token_delay_s` before each output."""
+        return _SlowStream(stream, self.config.token_delay_s) if self.config.token_delay_s > 0 else stream
+
+
+class _SlowStream:
+    """Same interface as the engine's RequestStream (request_id + async iteration)."""
+
+    def __init__(self, stream, delay_s: float) -> None:
+        self._stream, self._delay_s = stream, delay_s
+
+    @property
+    def request_id(self) -> str:
+        return self._stream.request_id
+
+    async def __aiter__(self):
+        async for out in self._stream:
+            await asyncio.sleep(self._delay_s)
+            yield out

@@ -1,0 +1,120 @@
+"""A DEP rank as a serving engine: LLMEngine over a lockstep runner, one HTTP server per rank.
+
+Every rank schedules its own requests (attention and KV cache are per rank) while the MoE layers
+exchange tokens with the peers, so every rank must run every step of the instance. `DEPRunner`
+keeps the ModelRunner API for the engine and adds `idle`, which an engine with nothing to run
+calls instead of sleeping on its wake event: it joins the peers' step (an empty pass) or, when
+nobody has work, waits a few milliseconds and returns. Every engine iteration is thus exactly one
+collective step on every rank, and live rebalances run at the same step count everywhere.
+
+A DEP instance is atomic: a failed step (a dead peer closes the collective, a stuck one hits the
+process group timeout) exits the process non-zero, and the group manager rebuilds the whole group.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+
+import torch
+
+from engine.expert_lb import ExpertLBConfig
+from engine.kv_cache import num_blocks_for_budget
+from engine.llm_engine import DEFAULT_KV_FRACTION, EngineConfig, LLMEngine
+from engine.model.loader import read_config
+from engine.model_runner import SeqStep
+from engine.parallel import dist as pdist
+from engine.parallel.dep import DEPConfig, DEPRank
+from engine.parallel.serve_args import DEPServeConfig
+from engine.server.metrics import ServingMetrics
+from engine.tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
+
+EXIT_PEER_LOST = 70  # a DEP rank's exit status when its instance can no longer step together
+
+
+class DEPRunner:
+    """ModelRunner's API (`step`, `kv_cache`, `block_size`, `num_blocks`) over one DEPRank, in lockstep."""
+
+    lockstep = True
+
+    def __init__(self, rank: DEPRank, metrics: ServingMetrics, idle_wait_s: float = 0.002) -> None:
+        self.rank = rank
+        self.model, self.config = rank.model, rank.config
+        self.idle_wait_s = idle_wait_s
+        self.rebalances = metrics.factory.counter("expert_rebalances_total", "live expert rebalances this rank applied")
+        self._last_check = 0
+
+    @property
+    def kv_cache(self):
+        return self.rank.runner.kv_cache
+
+    @property
+    def block_size(self) -> int:
+        return self.rank.runner.block_size
+
+    @property
+    def num_blocks(self) -> int:
+        return self.rank.runner.num_blocks
+
+    @property
+    def device(self) -> torch.device:
+        return self.rank.device
+
+    def allocate(self, num_blocks: int) -> None:
+        self.rank.runner.allocate(num_blocks)
+
+    def release(self) -> None:
+        self.rank.runner.release()
+
+    def step(self, seqs: list[SeqStep]) -> torch.Tensor:
+        """Collective: this rank's logits, then a rebalance when the expert LB says one is due."""
+        try:
+            logits = self.rank.step(seqs)
+            steps = self.rank.steps
+            if steps != self._last_check and self.rank.lb.due(steps):
+                self._last_check = steps
+                if self.rank.rebalance() is not None:
+                    self.rebalances.inc()
+                    log.info("DEP rank %d: experts rebalanced at step %d", self.rank.rank, steps)
+            return logits
+        except Exception:
+            _exit_instance(self.rank.rank)
+            raise
+
+    def idle(self, wake: threading.Event) -> None:
+        """Join the peers' step with an empty batch; wait briefly (or until woken) when nobody worked."""
+        before = self.rank.steps
+        self.step([])
+        if self.rank.steps == before:
+            wake.wait(self.idle_wait_s)
+
+
+def _exit_instance(rank: int) -> None:
+    """The instance cannot step together any more: leave now so the group is rebuilt whole."""
+    log.critical("DEP rank %d: a collective step failed (a peer died or timed out); exiting so the group is rebuilt",
+                 rank, exc_info=True)
+    logging.shutdown()
+    os._exit(EXIT_PEER_LOST)
+
+
+def build_dep_engine(model_dir: str, config: EngineConfig, dep: DEPServeConfig,
+                     metrics: ServingMetrics) -> LLMEngine:
+    """Join the instance (a rendezvous: returns once every rank is there), load this rank's experts, wrap it."""
+    dist_config = dep.dist_config()
+    pdist.init(dist_config)
+    model_config = read_config(model_dir, config.dtype)
+    device = dist_config.device
+    if config.kv_cache_bytes is not None:
+        num_blocks = num_blocks_for_budget(model_config, config.block_size, device, kv_cache_bytes=config.kv_cache_bytes)
+    else:
+        fraction = config.kv_cache_fraction or DEFAULT_KV_FRACTION
+        num_blocks = num_blocks_for_budget(model_config, config.block_size, device, kv_cache_fraction=fraction)
+    lb = ExpertLBConfig(rebalance_interval_steps=dep.rebalance_interval_steps, imbalance_threshold=dep.imbalance_threshold)
+    dep_config = DEPConfig(model_dir=model_dir, dtype=config.dtype, num_blocks=num_blocks, block_size=config.block_size,
+                           lb=lb)
+    rank = DEPRank(dist_config, dep_config, registry=metrics.factory.registry)
+    runner = DEPRunner(rank, metrics, dep.idle_wait_s)
+    return LLMEngine(rank.model, Tokenizer(model_dir), config, metrics, runner=runner)

@@ -1,0 +1,1 @@
+"""Tidal scaling: silent standby instances, the warm pool, scheduled and metric-driven scaling."""

@@ -1,0 +1,83 @@
+"""What the autoscaler reads each tick: engine queues and batches (/internal/stats) and the router's TTFT.
+
+TTFT p99 is taken over the window since the previous reading: the difference of the router's
+cumulative histogram buckets, interpolated the way Prometheus' histogram_quantile does.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from engine.scaling.policy import Observation
+
+TTFT_METRIC = "tideflow_router_time_to_first_token_seconds"
+
+
+def bucket_quantile(q: float, buckets: list[tuple[float, float]]) -> float | None:
+    """The q-quantile of a histogram given as cumulative (upper bound, count) pairs; None when empty."""
+    buckets = sorted(buckets)
+    if not buckets or buckets[-1][1] <= 0:
+        return None
+    rank = q * buckets[-1][1]
+    lower, below = 0.0, 0.0
+    for upper, count in buckets:
+        if count >= rank:
+            if math.isinf(upper):
+                return lower  # past the last finite bound: that bound is all a histogram can say
+            inside = count - below
+            return lower + (upper - lower) * ((rank - below) / inside if inside else 1.0)
+        lower, below = upper, count
+    return lower
+
+
+def ttft_buckets(metrics_text: str) -> dict[float, float]:
+    """Cumulative TTFT bucket counts summed over every group and version."""
+    out: dict[float, float] = {}
+    for family in text_string_to_metric_families(metrics_text):
+        if family.name != TTFT_METRIC:
+            continue
+        for sample in family.samples:
+            if sample.name == TTFT_METRIC + "_bucket":
+                le = float(sample.labels["le"])
+                out[le] = out.get(le, 0.0) + sample.value
+    return out
+
+
+class SetObserver:
+    """Reads one group set: `member_urls()` names the serving members to ask for their stats."""
+
+    def __init__(self, router_url: str, client_key: str, member_key: str, member_urls: Callable[[], list[str]],
+                 timeout_s: float = 2.0) -> None:
+        self.router_url, self.member_urls = router_url.rstrip("/"), member_urls
+        self._router = httpx.Client(headers={"authorization": f"Bearer {client_key}"}, timeout=timeout_s, trust_env=False)
+        self._members = httpx.Client(headers={"authorization": f"Bearer {member_key}"}, timeout=timeout_s, trust_env=False)
+        self._last: dict[float, float] = {}
+
+    def __call__(self) -> Observation:
+        queued = running = 0
+        for url in self.member_urls():
+            try:
+                stats = self._members.get(url + "/internal/stats").json()
+            except (httpx.HTTPError, ValueError):
+                continue  # a member that does not answer counts nothing; its group's health is the manager's job
+            queued += int(stats.get("queued", 0))
+            running += int(stats.get("running", 0))
+        return Observation(queued=queued, running=running, ttft_p99_ms=self._ttft_p99_ms())
+
+    def _ttft_p99_ms(self) -> float | None:
+        try:
+            now = ttft_buckets(self._router.get(self.router_url + "/metrics").text)
+        except httpx.HTTPError:
+            return None
+        window = [(le, count - self._last.get(le, 0.0)) for le, count in now.items()]
+        self._last = now
+        p99 = bucket_quantile(0.99, window)
+        return None if p99 is None else p99 * 1000
+
+    def close(self) -> None:
+        self._router.close()
+        self._members.close()

@@ -1,0 +1,87 @@
+"""`tideflow release` runs the whole release flow; `tideflow ui` serves every deployment to a local Prefect UI."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+PREFECT_YAML = Path(__file__).resolve().parents[1] / "deployments" / "prefect.yaml"
+
+
+def add_commands(subparsers: argparse._SubParsersAction) -> None:
+    rel = subparsers.add_parser("release", help="build kernels -> publish -> deploy -> canary -> drills (Prefect flow)")
+    rel.add_argument("--ci", action="store_true", help="exit non-zero unless the canary was promoted and every drill held")
+    rel.add_argument("--keep-serving", action="store_true", help="keep the router and groups up after the flow (Ctrl-C stops)")
+    rel.set_defaults(func=_release)
+
+    ui = subparsers.add_parser("ui", help="start a local Prefect server and serve every deployment of deployments/prefect.yaml")
+    ui.add_argument("--port", type=int, default=4200, help="Prefect UI/API port on 127.0.0.1")
+    ui.set_defaults(func=_ui)
+
+
+def _prefect_home() -> None:
+    from engine.paths import home
+
+    os.environ.setdefault("PREFECT_HOME", str(home() / "prefect"))
+
+
+def _release(args: argparse.Namespace) -> int:
+    _prefect_home()
+    from flows.release import ReleaseParams, release
+    from engine.group.groupset import close_groupsets
+
+    t0 = time.monotonic()
+    state = release(ReleaseParams(keep_serving=args.keep_serving), return_state=True)
+    took = time.monotonic() - t0
+    if not state.is_completed():
+        close_groupsets()
+        print(f"release failed after {took:.0f}s: {state.message}", file=sys.stderr)
+        return 1
+    s = state.result()
+    print(f"\nrelease finished in {took:.0f}s")
+    print(f"  kernels verified: {s.kernels_ok}")
+    print(f"  weights: {s.weights['v1']} (stable), {s.weights['v2']} (new)")
+    print(f"  canary: {s.canary_decision} - {s.canary_reason}")
+    print(f"  serving weights: {s.serving}; traffic during the canary: {s.canary_traffic}")
+    print(f"  load drill: capacity {s.load_capacity_rps} req/s, {s.load_ok}/{s.load_sent} ok")
+    print(f"  fault drill: rebuilt in {s.fault_recover_s} s, every request accounted for: {s.fault_accounted}")
+    print(f"  runs, artifacts and plots: `tideflow ui` (Prefect data in {os.environ['PREFECT_HOME']})")
+    if args.keep_serving:
+        print(f"  serving on {s.router}/v1 until Ctrl-C")
+        try:
+            while True:
+                time.sleep(3600)
+        except KeyboardInterrupt:
+            close_groupsets()
+    ok = s.canary_decision == "promoted" and s.fault_accounted and all(r is not None for r in s.fault_recover_s)
+    return 0 if ok or not args.ci else 1
+
+
+def _ui(args: argparse.Namespace) -> int:
+    _prefect_home()
+    from engine.process import Child, tideflow_argv, wait_http_ok
+    from engine.paths import home
+
+    api = f"http://127.0.0.1:{args.port}/api"
+    server = Child("prefect-server", [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1",
+                                      "--port", str(args.port)], home() / "logs" / "prefect-server.log")
+    try:
+        if not wait_http_ok(api + "/health", timeout_s=120, child=server):
+            print(f"prefect server did not start: {server.log_tail()}", file=sys.stderr)
+            return 1
+        os.environ["PREFECT_API_URL"] = api
+        from prefect import serve
+
+        from flows.deployments import load_deployments
+
+        deployments = load_deployments(PREFECT_YAML)
+        print(f"Prefect UI: http://127.0.0.1:{args.port} - serving {len(deployments)} deployments (Ctrl-C stops)")
+        serve(*deployments, print_starting_message=False)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.stop()
+    return 0

@@ -1,0 +1,129 @@
+"""release: build kernels -> publish + verify -> deploy -> canary -> drills -> the new version serving.
+
+On embedded defaults (a laptop, `make run`) the stable version v1 is brought up first when no
+group serves yet, and background traffic runs during the canary so its gates have requests to judge.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+from prefect import flow
+from prefect.artifacts import create_markdown_artifact
+from pydantic import BaseModel, Field
+
+from engine.canary import CanaryPlan, CanaryStep
+from engine.drills.load import run_load_drill as background_load
+from engine.drills.spec import LoadDrillSpec
+from engine.group.groupset import close_groupsets, get_groupset
+from flows.build_kernels import build_kernels
+from flows.canary_release import CanaryParams, canary_release
+from flows.deploy_group import deploy_group
+from flows.drills import DRILL_KEY_ENV, FaultDrillParams, LoadDrillParams, fault_drill, load_drill
+from flows.params import DeployParams, WeightsParams
+from flows.publish_weights import publish_weights
+from kernels.spec import BuildRequest
+
+SMALL_SAMPLE_SUITE = Path(__file__).resolve().parents[1] / "deployments" / "expectations" / "canary-small-sample.json"
+
+
+def embedded_plan() -> CanaryPlan:
+    """Short holds for a laptop run; a production plan holds minutes and 100+ requests per step."""
+    return CanaryPlan(steps=[CanaryStep(percent=p, hold_s=4, min_requests=5, max_hold_s=90) for p in (5, 25, 50, 100)],
+                      suite=SMALL_SAMPLE_SUITE, drain_s=10)
+
+
+class ReleaseParams(BaseModel):
+    kernels: BuildRequest = Field(default_factory=BuildRequest, description="ops to build first")
+    stable_weights: WeightsParams = Field(default_factory=lambda: WeightsParams(version="v1", seed=0))
+    new_weights: WeightsParams = Field(default_factory=lambda: WeightsParams(version="v2", seed=1))
+    spec_file: Path = Field(Path("deployments/groups/tiny-pd.yaml"), description="shape of both versions' groups")
+    stable_group: str = Field("tideflow-v1", description="group serving the current version")
+    new_group: str = Field("tideflow-v2", description="group of the new version")
+    plan: CanaryPlan = Field(default_factory=embedded_plan)
+    canary_traffic_rps: float = Field(8.0, gt=0, description="background requests/s while the canary runs (0 = none)")
+    load: LoadDrillParams = Field(default_factory=lambda: LoadDrillParams(steps=[1.0, 2.0, 4.0], hold_s=4.0))
+    fault: FaultDrillParams = Field(default_factory=lambda: FaultDrillParams(repeats=1))
+    keep_serving: bool = Field(False, description="leave the group set running after the flow (a long-lived worker)")
+
+
+class ReleaseSummary(BaseModel):
+    router: str
+    kernels_ok: bool
+    weights: dict[str, str]
+    canary_decision: str
+    canary_reason: str
+    serving: dict[str, float]
+    load_capacity_rps: float | None
+    load_sent: int
+    load_ok: int
+    fault_recover_s: list[float | None]
+    fault_accounted: bool
+    canary_traffic: dict[str, int]
+
+
+@flow(name="release", log_prints=True)
+def release(params: ReleaseParams = ReleaseParams()) -> ReleaseSummary:
+    kernels = build_kernels(params.kernels)
+    stable_url = publish_weights(params.stable_weights)
+    new_url = publish_weights(params.new_weights)
+    try:
+        serving = {g["name"] for g in get_groupset().admin.groups() if g["weight"] > 0}
+    except KeyError:
+        serving = set()
+    if params.stable_group not in serving:
+        deploy_group(DeployParams(spec_file=params.spec_file, name=params.stable_group, version="v1",
+                                  weights_url=stable_url, weight=100.0))
+    traffic: dict = {}
+    pump, stop = _background_traffic(params, traffic)
+    try:
+        report = canary_release(CanaryParams(
+            stable=params.stable_group, plan=params.plan,
+            canary=DeployParams(spec_file=params.spec_file, name=params.new_group, version="v2", weights_url=new_url)))
+    finally:
+        stop.set()
+        if pump is not None:
+            pump.join()
+    winner = params.new_group if report.decision == "promoted" else params.stable_group
+    drill = load_drill(params.load)
+    fault = fault_drill(params.fault.model_copy(update={"group": winner}))
+    summary = ReleaseSummary(
+        router=get_groupset().url, kernels_ok=kernels.ok, weights={"v1": stable_url, "v2": new_url},
+        canary_decision=report.decision, canary_reason=report.reason, serving=report.weights,
+        load_capacity_rps=drill.capacity_rps, load_sent=drill.sent, load_ok=drill.ok,
+        fault_recover_s=[r.recover_s for r in fault.runs], fault_accounted=fault.accounted, canary_traffic=traffic)
+    create_markdown_artifact(key="release-summary", markdown=_markdown(summary))
+    if not params.keep_serving:
+        close_groupsets()
+    return summary
+
+
+def _background_traffic(params: ReleaseParams, out: dict) -> tuple[threading.Thread | None, threading.Event]:
+    """Steady Poisson load through the router until `stop` is set (bounded by the canary's longest run)."""
+    stop = threading.Event()
+    if params.canary_traffic_rps <= 0:
+        return None, stop
+    duration = 60.0 + sum(s.max_hold_s for s in params.plan.steps)
+    gs = get_groupset()
+    os.environ[DRILL_KEY_ENV] = gs.client_key
+    spec = LoadDrillSpec(url=gs.url, model="default", api_key_env=DRILL_KEY_ENV, rate=params.canary_traffic_rps,
+                         duration_s=duration, output_len="fixed:16", expectations_suite=None, progress_bar=False)
+
+    def run() -> None:
+        r = background_load(spec, stop=stop)
+        out.update(sent=r.sent, ok=r.ok, error=r.error)
+
+    thread = threading.Thread(target=run, name="canary-traffic", daemon=True)
+    thread.start()
+    return thread, stop
+
+
+def _markdown(s: ReleaseSummary) -> str:
+    return (f"## Release\n\n- kernels built and verified: {s.kernels_ok}\n- weights: {s.weights}\n"
+            f"- canary: **{s.canary_decision}** ({s.canary_reason})\n- serving weights: {s.serving}\n"
+            f"- traffic during the canary: {s.canary_traffic}\n"
+            f"- load drill: capacity {s.load_capacity_rps} req/s, {s.load_ok}/{s.load_sent} ok\n"
+            f"- fault drill: recovered in {s.fault_recover_s} s, every request accounted for: {s.fault_accounted}\n"
+            f"- router: {s.router}/v1\n")

@@ -1,0 +1,76 @@
+"""shift_traffic, collect_metrics, validate_metrics, promote, rollback: the canary, one verb each."""
+
+from __future__ import annotations
+
+from prefect import get_run_logger, task
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect.cache_policies import NO_CACHE
+
+from engine.canary import CanaryPlan, CanaryStep, DirectSource, PrometheusSource
+from engine.canary.gates import GateResult, GateSuite, step_row
+from engine.canary.rollout import CanaryReport, StepReport, conclude, hold_step, shift_weights
+from engine.group.groupset import get_groupset
+from tasks.retry import BACKOFF, JITTER
+
+
+def _source(groupset: str, prometheus_url: str | None):
+    return PrometheusSource(prometheus_url) if prometheus_url else DirectSource.for_groupset(get_groupset(groupset))
+
+
+@task(name="shift_traffic", retries=2, retry_delay_seconds=BACKOFF, retry_jitter_factor=JITTER, timeout_seconds=60)
+def shift_traffic(stable: str, canary: str, percent: float, groupset: str = "default") -> None:
+    shift_weights(get_groupset(groupset).admin, stable, canary, percent)
+    get_run_logger().info("traffic: %s %g %%, %s %g %%", canary, percent, stable, 100 - percent)
+
+
+@task(name="collect_metrics", cache_policy=NO_CACHE, timeout_seconds=3600)
+def collect_metrics(stable: str, canary: str, index: int, step: CanaryStep, plan: CanaryPlan, done: list[StepReport],
+                    prometheus_url: str | None = None, groupset: str = "default") -> StepReport:
+    """Hold the step: canary vs stable figures, gates checked every second so a bad canary leaves early."""
+    logger = get_run_logger()
+    report = hold_step(get_groupset(groupset).admin, stable, canary, index, step, plan, _source(groupset, prometheus_url),
+                       GateSuite(plan.suite), done, lambda e: logger.info("step %d %s: %s", e.step, e.kind, e.message))
+    create_table_artifact(key=f"canary-step-{index}", description=f"step {index}: canary at {step.percent:g} %",
+                          table=[{"group": "canary", **report.canary.model_dump()}, {"group": "stable", **report.stable.model_dump()}])
+    return report
+
+
+@task(name="validate_metrics", cache_policy=NO_CACHE, timeout_seconds=300)
+def validate_metrics(steps: list[StepReport], plan: CanaryPlan) -> GateResult:
+    """The Great Expectations suite over the whole step table; no retries: a failed gate fails again."""
+    rows = [step_row(s.index, s.percent, s.canary, s.stable, s.baseline_step) for s in steps]
+    result = GateSuite(plan.suite).validate(rows)
+    create_table_artifact(key="canary-steps", table=rows, description="per-step metrics, canary vs stable")
+    create_markdown_artifact(key="canary-gates", markdown=(
+        f"### Canary gates: {'pass' if result.success else 'FAIL'}\n\n"
+        + ("\n".join(f"- {f}" for f in result.failed) or "every expectation met")
+        + f"\n\n```json\n{_short_json(result.validation)}\n```"))
+    return result
+
+
+def _short_json(validation: dict) -> str:
+    import json
+
+    return json.dumps(validation, indent=1, default=str)[:20000]
+
+
+def _conclude(decision: str, stable: str, canary: str, plan: CanaryPlan, steps: list[StepReport], reason: str,
+              groupset: str) -> CanaryReport:
+    gs = get_groupset(groupset)
+    report = conclude(gs, gs.admin, stable, canary, plan, steps, decision, reason, GateSuite(plan.suite), lambda e: None)
+    create_markdown_artifact(key="canary-decision", markdown=f"### {canary} over {stable}: **{decision}**\n\n{reason}\n\n"
+                             f"weights after: {report.weights}")
+    return report
+
+
+@task(name="promote", retries=2, retry_delay_seconds=BACKOFF, retry_jitter_factor=JITTER, timeout_seconds=300)
+def promote(stable: str, canary: str, plan: CanaryPlan, steps: list[StepReport], groupset: str = "default") -> CanaryReport:
+    """Canary to 100 %; the stable group is drained and parked (or removed, by plan)."""
+    return _conclude("promoted", stable, canary, plan, steps, f"every step passed its gates ({len(steps)} steps)", groupset)
+
+
+@task(name="rollback", retries=2, retry_delay_seconds=BACKOFF, retry_jitter_factor=JITTER, timeout_seconds=300)
+def rollback(stable: str, canary: str, plan: CanaryPlan, steps: list[StepReport], reason: str,
+             groupset: str = "default") -> CanaryReport:
+    """Canary to 0 %, stable to 100 %; the canary is kept for inspection (or removed, by plan)."""
+    return _conclude("rolled_back", stable, canary, plan, steps, reason, groupset)

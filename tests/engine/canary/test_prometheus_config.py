@@ -1,0 +1,32 @@
+"""The rendered prometheus.yml: valid YAML, static targets, keys only in 0600 files."""
+
+import stat
+
+import pytest
+import yaml
+from pydantic import ValidationError
+
+from engine.canary.prometheus import ScrapeJob, render_config
+
+
+def test_config_names_targets_and_keeps_keys_out(tmp_path):
+    jobs = [ScrapeJob(name="router", targets=["127.0.0.1:8000"], key="secret-router"),
+            ScrapeJob(name="engines", targets=["127.0.0.1:9001", "127.0.0.1:9002"], key="secret-engine")]
+    text = render_config(jobs, 1.0, tmp_path / "keys")
+    assert "secret" not in text
+    config = yaml.safe_load(text)
+    assert config["global"]["scrape_interval"] == "1s"
+    engines = config["scrape_configs"][1]
+    assert engines["job_name"] == "engines"
+    assert engines["static_configs"][0]["targets"] == ["127.0.0.1:9001", "127.0.0.1:9002"]
+    key_file = tmp_path / "keys" / "engines.key"
+    assert engines["authorization"]["credentials_file"] == str(key_file)
+    assert key_file.read_text() == "secret-engine"
+    assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
+
+
+def test_a_job_needs_targets_and_a_plain_name():
+    with pytest.raises(ValidationError, match="targets"):
+        ScrapeJob(name="router", targets=[], key="k")
+    with pytest.raises(ValidationError, match="name"):
+        ScrapeJob(name="bad name", targets=["127.0.0.1:1"], key="k")

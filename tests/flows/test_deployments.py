@@ -1,0 +1,43 @@
+"""deployments/prefect.yaml through Prefect's own loaders: entrypoints import, schedules and triggers as stated."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from prefect.flows import load_flow_from_entrypoint
+
+from flows.deployments import deployment_configs, load_deployments
+from tasks.weights import PUBLISHED_EVENT
+
+REPO = Path(__file__).resolve().parents[2]
+PREFECT_YAML = REPO / "deployments" / "prefect.yaml"
+
+
+def test_every_flow_has_a_deployment_whose_entrypoint_imports():
+    configs = {c["name"]: c for c in deployment_configs(PREFECT_YAML)}
+    assert set(configs) == {"build-kernels", "publish-weights", "deploy-group", "canary-release", "load-drill-nightly",
+                            "fault-drill-nightly", "tidal-scale-up", "tidal-scale-down", "autoscaler", "release"}
+    for config in configs.values():
+        flow = load_flow_from_entrypoint(str(REPO / config["entrypoint"]), use_placeholder_flow=False)
+        assert flow.name == config["entrypoint"].rsplit(":", 1)[1]
+
+
+def test_tidal_crons_nightly_drills_and_the_canary_trigger():
+    configs = {c["name"]: c for c in deployment_configs(PREFECT_YAML)}
+
+    def crons(name):
+        return [(s["schedule"].cron, s["schedule"].timezone) for s in configs[name]["schedules"]]
+
+    assert crons("tidal-scale-up") == [("0 8 * * *", "Asia/Shanghai")]
+    assert crons("tidal-scale-down") == [("0 23 * * *", "Asia/Shanghai")]
+    assert configs["tidal-scale-up"]["parameters"]["params"]["target"] > configs["tidal-scale-down"]["parameters"]["params"]["target"]
+    assert crons("load-drill-nightly") and crons("fault-drill-nightly")
+    (trigger,) = configs["canary-release"]["triggers"]
+    assert trigger.expect == {PUBLISHED_EVENT}
+    assert trigger.parameters["params"]["canary"]["weights_url"] == "{{ event.payload.url }}"
+
+
+def test_deployments_build_for_serving():
+    deployments = {d.name: d for d in load_deployments(PREFECT_YAML)}
+    assert deployments["tidal-scale-down"].schedules[0].schedule.cron == "0 23 * * *"
+    assert deployments["canary-release"].triggers
