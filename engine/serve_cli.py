@@ -20,7 +20,8 @@ MEMBER_KEEP_ALIVE_S = 30
 
 def add_commands(subparsers) -> None:
     p = subparsers.add_parser("serve", help="serve a checkpoint directory over the OpenAI API")
-    p.add_argument("--model", required=True, help="Hugging Face checkpoint directory")
+    p.add_argument("--model", required=True,
+                   help="Hugging Face checkpoint directory, or a published version (s3://... or file://...) to pull")
     p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--api-key-file", help="file with one API key per line (also: $TIDEFLOW_API_KEYS, comma-separated)")
@@ -68,11 +69,16 @@ def serve(args: argparse.Namespace) -> int:
     from engine.server.app import create_app
     from engine.server.auth import load_api_keys
     from engine.server.metrics import MetricFactory, ServingMetrics
-    from engine.weights import WeightsError, require_verified
+    from engine.weights import WeightsError, local_model_dir, require_verified
     from engine.weights.manifest import MANIFEST_NAME
     from kernels.loader import load_cached
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        args.model = str(local_model_dir(args.model))  # a weights URL is pulled and verified first
+    except (WeightsError, TideflowError, OSError) as exc:
+        print(f"tideflow serve: {exc}", file=sys.stderr)
+        return 1
     if args.role == "encoder":
         from engine.encoder.serving import serve_encoder
 
@@ -102,7 +108,7 @@ def serve(args: argparse.Namespace) -> int:
     log.info("serving %s on http://%s:%d (%d KV blocks of %d tokens)", config.model_name, args.host, args.port,
              engine.allocator.num_blocks, config.block_size)
     app = create_app(engine, config.model_name, keys, transport=None if args.role == "colocated" else args.kv_transport,
-                     faults=faults, standby=args.standby)
+                     faults=faults, standby=args.standby, host=args.host)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_keep_alive=MEMBER_KEEP_ALIVE_S)
     return 0
 

@@ -7,7 +7,8 @@ from prefect import flow
 from engine.group.groupset import GroupSetConfig
 from engine.group.manager import GroupStatus
 from engine.group.spec import InferenceGroup, ModelRef
-from flows.params import DeployParams, cache_dir_for
+from engine.weights import cache_dir_for
+from flows.params import DeployParams
 from tasks.groups import await_group_ready, register_group, start_group
 from tasks.weights import pull_weights
 

@@ -38,10 +38,3 @@ class DeployParams(BaseModel):
     weight: float = Field(1.0, ge=0, description="traffic weight once Ready (0 = registered, no traffic)")
     ready_timeout_s: float = Field(600.0, gt=0, description="how long members may take to become Ready")
     groupset: str = Field("default", description="group set (router) in this process")
-
-
-def cache_dir_for(url: str) -> Path:
-    """Node-local cache of a published version."""
-    import hashlib
-
-    return home() / "cache" / "weights" / hashlib.sha256(url.encode()).hexdigest()[:16]

@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 
 def create_app(engine: LLMEngine, model_name: str, api_keys: list[str] | None = None, warm_up: bool = True,
                transport: TransportKind | None = None, faults: FaultInjector | None = None,
-               standby: bool = False) -> FastAPI:
+               standby: bool = False, host: str = "127.0.0.1") -> FastAPI:
     """The app starts the engine thread and warms it up in the background; /ready turns 200 after.
 
     `faults` (tests and drills only) fails or slows the completion and chat routes on purpose.
@@ -67,7 +67,7 @@ def create_app(engine: LLMEngine, model_name: str, api_keys: list[str] | None = 
     open_routes = APIRouter(dependencies=[Depends(auth)])
     served = APIRouter(dependencies=[Depends(auth), Depends(require_ready)])
 
-    @open_routes.get("/ready")
+    @app.get("/ready")  # open like /health: Kubernetes probes carry no secrets; it only says ready or not
     async def ready() -> JSONResponse:
         if switch.state == InstanceState.STANDBY:  # loaded and warm: the group manager counts it as ready
             return JSONResponse({"status": "standby", "model": model_name})
@@ -140,7 +140,7 @@ def create_app(engine: LLMEngine, model_name: str, api_keys: list[str] | None = 
         return await respond_chat(body, request, faults.slow(engine.stream(prompt, params)))
 
     if transport is not None:
-        served.include_router(pd_routes(engine, model_name, transport, respond_completion, respond_chat))
+        served.include_router(pd_routes(engine, model_name, transport, respond_completion, respond_chat, host))
 
     app.include_router(open_routes)
     app.include_router(admin_routes(switch), dependencies=[Depends(auth)])

@@ -23,9 +23,10 @@ KV_FETCH_TIMEOUT_S = 30.0
 
 
 def pd_routes(engine: LLMEngine, model_name: str, transport: TransportKind, respond_completion, respond_chat,
-              fetch_timeout_s: float = KV_FETCH_TIMEOUT_S) -> APIRouter:
+              host: str = "127.0.0.1", fetch_timeout_s: float = KV_FETCH_TIMEOUT_S) -> APIRouter:
+    """`host` is where the TCP transport serves staged KV (the worker's own address)."""
     routes = APIRouter()
-    sender = make_sender(transport)
+    sender = make_sender(transport, host=host)
     receiver = make_receiver(transport)
 
     def spliced(body: PrefillRequest | DecodeRequest) -> SplicedPrompt | None:

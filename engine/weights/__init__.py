@@ -12,7 +12,7 @@ from engine.weights.errors import (
 )
 from engine.weights.manifest import Manifest, ManifestFile
 from engine.weights.publish import PublishReport, publish
-from engine.weights.pull import PullReport, pull, require_verified
+from engine.weights.pull import PullReport, cache_dir_for, local_model_dir, pull, require_verified
 from engine.weights.urls import default_store_url, open_store
 from engine.weights.verify import VerifyReport, verify
 
@@ -30,6 +30,8 @@ __all__ = [
     "VerifyReport",
     "VersionConflictError",
     "WeightsError",
+    "cache_dir_for",
+    "local_model_dir",
     "default_store_url",
     "open_store",
     "publish",

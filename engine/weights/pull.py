@@ -22,7 +22,7 @@ from engine.weights.fetch import REPUBLISH, stream_file
 from engine.weights.manifest import MANIFEST_NAME, Manifest, ManifestFile, read_manifest
 from engine.weights.progress import ProgressCallback, ProgressReporter
 from engine.weights.store import ObjectStore
-from engine.weights.urls import open_store
+from engine.weights.urls import open_store, tideflow_home
 
 MARKER_NAME = ".tideflow-verified.json"
 LOCK_NAME = ".tideflow.lock"
@@ -198,3 +198,18 @@ def pull(
             files_fetched=len(wanted), files_kept=len(manifest.files) - len(wanted),
             bytes_fetched=store.counters.bytes_downloaded - before,
         )
+
+
+def cache_dir_for(url: str) -> Path:
+    """The node-local cache directory of a published version ($TIDEFLOW_HOME/cache/weights/<hash of url>)."""
+    return tideflow_home() / "cache" / "weights" / hashlib.sha256(url.encode()).hexdigest()[:16]
+
+
+def local_model_dir(model: str, show_progress: bool = False) -> Path:
+    """A checkpoint directory for `model`: a plain path as given, or a published version's URL pulled
+    (verified) into the node cache first."""
+    if "://" not in model:
+        return Path(model)
+    cache = cache_dir_for(model)
+    pull(model, cache, show_progress=show_progress)
+    return cache

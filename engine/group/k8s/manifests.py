@@ -64,6 +64,9 @@ def role_selector(group: InferenceGroup, role: str) -> dict[str, str]:
     return {NAME_LABEL: "tideflow", GROUP_LABEL: group.name, ROLE_LABEL: role}
 
 
+DIST_PORT = 29500  # torch.distributed rendezvous on each instance's leader
+
+
 def engine_port(spec: RoleSpec) -> int:
     return spec.port_base or ENGINE_PORT
 
@@ -71,11 +74,8 @@ def engine_port(spec: RoleSpec) -> int:
 def _args(group: InferenceGroup, spec: RoleSpec, standby: bool) -> list[str]:
     model = group.model.uri or group.model.expanded_path({"TIDEFLOW_HOME": NODE_CACHE})
     args = [
-        "serve", "--role", spec.role, "--group", group.name, "--version", group.version,
-        "--instance", "$(TIDEFLOW_INSTANCE)", "--rank", "$(LWS_WORKER_INDEX)",
-        "--world-size", "$(LWS_GROUP_SIZE)", "--leader-address", "$(LWS_LEADER_ADDRESS)",
-        "--host", "$(POD_IP)", "--port", str(engine_port(spec)),
-        "--model", model, "--parallel", spec.parallel, "--transfer", group.transfer,
+        "serve", "--role", spec.role, "--metrics-group", group.name, "--metrics-version", group.version,
+        "--host", "$(POD_IP)", "--port", str(engine_port(spec)), "--model", model, "--served-model-name", "default",
         "--max-num-seqs", str(spec.engine.max_num_seqs),
         "--max-batch-tokens", str(spec.engine.max_batch_tokens),
         "--block-size", str(spec.engine.block_size),
@@ -87,6 +87,11 @@ def _args(group: InferenceGroup, spec: RoleSpec, standby: bool) -> list[str]:
         args += ["--kv-cache-fraction", str(spec.engine.kv_cache_fraction)]
     if group.model.dtype:
         args += ["--dtype", group.model.dtype]
+    if spec.role in ("prefill", "decode"):
+        args += ["--kv-transport", group.transfer]
+    if spec.members_per_instance > 1:  # the ranks of one LWS group rendezvous at its leader
+        args += ["--dep-rank", "$(LWS_WORKER_INDEX)", "--dep-size", str(spec.members_per_instance),
+                 "--dist-addr", f"$(LWS_LEADER_ADDRESS):{DIST_PORT}"]
     if standby:
         args.append("--standby")
     return args

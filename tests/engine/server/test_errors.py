@@ -51,10 +51,11 @@ def test_malformed_json_is_a_400_error_object(server):
         assert_error(c.post("/v1/nothing-here", json={}), 404)
 
 
-def test_api_keys_guard_every_route_but_health(server):
+def test_api_keys_guard_every_route_but_health_and_ready(server):
     with server.client(key=None) as c:
         assert c.get("/health").status_code == 200
-        for path in ("/ready", "/metrics", "/v1/models"):
+        assert c.get("/ready").json() == {"status": "ready", "model": MODEL}  # probes carry no key
+        for path in ("/metrics", "/internal/stats", "/v1/models"):
             assert_error(c.get(path), 401)
         assert_error(c.post("/v1/completions", json={"model": MODEL, "prompt": "hi"}), 401)
     with server.client(key="wrong") as c:

@@ -76,8 +76,8 @@ def test_pod_template_probes_env_and_command():
     assert container["livenessProbe"]["httpGet"] == {"path": "/health", "port": "http"}
     args = container["command"] + container["args"]
     assert args[:4] == ["tideflow", "serve", "--role", "decode"]
-    assert args[args.index("--rank") + 1] == "$(LWS_WORKER_INDEX)"
-    assert args[args.index("--leader-address") + 1] == "$(LWS_LEADER_ADDRESS)"
+    assert args[args.index("--kv-transport") + 1] == "shm"
+    assert args[args.index("--metrics-group") + 1] == "g"
     assert args[args.index("--model") + 1] == "s3://b/models/m/v2/"
     assert "--standby" not in args
     assert "nvidia.com/gpu" not in container["resources"]["limits"]
@@ -142,3 +142,11 @@ def test_cli_render_reports_bad_spec(tmp_path, capsys):
     args = parser.parse_args(["group", "render", str(bad), "--backend", "kubernetes"])
     assert args.func(args) == 2
     assert "missing decode" in capsys.readouterr().err
+
+
+def test_dep_ranks_rendezvous_at_their_leader():
+    lws = by_kind(render(SHAPES["4xdep2-dep8"], "ns", "img"), "LeaderWorkerSet")["g-decode"]
+    args = lws["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"]["containers"][0]["args"]
+    assert args[args.index("--dep-rank") + 1] == "$(LWS_WORKER_INDEX)"
+    assert args[args.index("--dep-size") + 1] == "8"
+    assert args[args.index("--dist-addr") + 1] == "$(LWS_LEADER_ADDRESS):29500"
