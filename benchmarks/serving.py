@@ -1,8 +1,8 @@
 """Serving benchmark: (a) engine vs transformers generate() throughput and batch-1 decode vs the
 memory roofline; (b) the shuttle window vs window 0 under bursty Poisson load.
 
-    python -m benchmarks.serving            # ~5 minutes on 2 CPU cores
-    python -m benchmarks.serving --quick    # a smoke run
+    python benchmarks/serving.py            # ~5 minutes on 2 CPU cores
+    python benchmarks/serving.py --quick    # a smoke run
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import time
 
 import torch
 
+from kernels.loader import load_cached
 from engine.default_model import DEFAULT_CONFIG, write_default_model
 from engine.llm_engine import EngineConfig, LLMEngine
 from engine.model.loader import load_model
@@ -157,7 +158,10 @@ def main() -> None:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--threads", type=int, default=0, help="torch intra-op threads for both sides; 0 = torch's default")
     ap.add_argument("--quick", action="store_true", help="small sizes: a smoke run")
+    ap.add_argument("--reference-ops", action="store_true", help="keep the torch reference ops even when a compiled build is cached")
     args = ap.parse_args()
+    compiled = {} if args.reference_ops else load_cached("native")
+    print(f"ops: {', '.join(sorted(compiled)) or 'torch reference'} compiled (build them with `tideflow kernels build`)")
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.quick:
