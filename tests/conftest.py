@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from engine.default_model import DEFAULT_CONFIG, TINY_CONFIG, write_default_model
@@ -17,3 +19,16 @@ def tiny_model_dir(tmp_path_factory):
 def default_model_dir(tmp_path_factory):
     """The ~115M-parameter default model that `tideflow model init` writes."""
     return write_default_model(tmp_path_factory.mktemp("default-model"), DEFAULT_CONFIG, seed=0)
+
+
+@pytest.fixture(scope="module")
+def tideflow_home(tmp_path_factory):
+    """A private TIDEFLOW_HOME for the module: processes it starts keep their state there."""
+    home = tmp_path_factory.mktemp("tideflow-home")
+    old = os.environ.get("TIDEFLOW_HOME")
+    os.environ["TIDEFLOW_HOME"] = str(home)
+    yield home
+    if old is None:
+        os.environ.pop("TIDEFLOW_HOME", None)
+    else:
+        os.environ["TIDEFLOW_HOME"] = old

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-
 import pytest
 from prefect.testing.utilities import prefect_test_harness
 
@@ -15,15 +13,8 @@ def prefect_api():
 
 
 @pytest.fixture(scope="module")
-def flow_home(tmp_path_factory, prefect_api):
-    home = tmp_path_factory.mktemp("flows-home")
-    old = os.environ.get("TIDEFLOW_HOME")
-    os.environ["TIDEFLOW_HOME"] = str(home)
-    yield home
+def flow_home(tideflow_home, prefect_api):
+    yield tideflow_home
     from engine.group.groupset import close_groupsets
 
     close_groupsets()
-    if old is None:
-        os.environ.pop("TIDEFLOW_HOME", None)
-    else:
-        os.environ["TIDEFLOW_HOME"] = old

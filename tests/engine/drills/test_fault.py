@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -15,8 +14,7 @@ from engine.group.spec import InferenceGroup
 
 
 @pytest.fixture(scope="module")
-def pd_set(tiny_model_dir, tmp_path_factory):
-    os.environ["TIDEFLOW_HOME"] = str(tmp_path_factory.mktemp("home"))
+def pd_set(tiny_model_dir, tideflow_home):
     policy = SupervisionPolicy(ready_timeout_s=120, backoff_s=0.2, max_restarts=2, reset_after_s=1.0)
     spec = InferenceGroup.model_validate({
         "name": "drill-pd", "version": "v1", "model": {"path": str(tiny_model_dir)},

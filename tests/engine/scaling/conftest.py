@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -10,18 +9,6 @@ import pytest
 from engine.group.groupset import GroupSetConfig, LocalGroupSet
 from engine.group.manager import SupervisionPolicy
 from engine.group.spec import InferenceGroup
-
-
-@pytest.fixture(scope="module")
-def tideflow_home(tmp_path_factory):
-    home = tmp_path_factory.mktemp("tideflow-home")
-    old = os.environ.get("TIDEFLOW_HOME")
-    os.environ["TIDEFLOW_HOME"] = str(home)
-    yield home
-    if old is None:
-        os.environ.pop("TIDEFLOW_HOME", None)
-    else:
-        os.environ["TIDEFLOW_HOME"] = old
 
 
 @pytest.fixture(scope="module")
