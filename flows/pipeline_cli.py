@@ -26,6 +26,7 @@ def _prefect_home() -> None:
     from engine.paths import home
 
     os.environ.setdefault("PREFECT_HOME", str(home() / "prefect"))
+    Path(os.environ["PREFECT_HOME"]).mkdir(parents=True, exist_ok=True)  # Prefect creates only the last level
     # The first start migrates a fresh SQLite database: on 2 cores that outlasts Prefect's 20 s default.
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
 
