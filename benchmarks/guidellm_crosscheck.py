@@ -13,20 +13,16 @@ import argparse
 import contextlib
 import json
 import os
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
-
-import httpx
 
 from benchmarks.common import print_table
 from engine.default_model import TINY_CONFIG, write_default_model
 from engine.drills.load import run_load_drill
 from engine.drills.spec import LoadDrillSpec
+from engine.process import Child, free_port, tideflow_argv, wait_http_ok
 
 REPO = Path(__file__).resolve().parents[1]
 KEY = "crosscheck-key"
@@ -35,38 +31,23 @@ KEY = "crosscheck-key"
 @contextlib.contextmanager
 def server(kind: str, model_dir: Path, ttft_ms: float, tpot_ms: float):
     """Start the engine (tiny model) or the reference server as a subprocess on 127.0.0.1; yield (url, model id)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     if kind == "engine":
-        cmd = [sys.executable, "-m", "engine.serve_cli", "serve", "--model", str(model_dir), "--port", str(port),
-               "--served-model-name", "tiny", "--kv-cache-bytes", str(32 << 20), "--max-wait-ms", "1"]
+        cmd = tideflow_argv("serve", "--model", str(model_dir), "--port", str(port), "--served-model-name", "tiny",
+                            "--kv-cache-bytes", str(32 << 20), "--max-wait-ms", "1")
         model, ready = "tiny", "/ready"
     else:
         cmd = [sys.executable, "-m", "engine.drills.reference_server", "--port", str(port), "--model", "reference",
                "--ttft-ms", str(ttft_ms), "--tpot-ms", str(tpot_ms), "--slots", "256"]
         model, ready = "reference", "/health"
-    proc = subprocess.Popen(cmd, cwd=REPO, env=os.environ | {"TIDEFLOW_API_KEYS": KEY})
+    child = Child(f"{kind}-server", cmd, model_dir.parent / f"{kind}-server.log", {"TIDEFLOW_API_KEYS": KEY})
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"{kind} server exited {proc.returncode}")
-            with contextlib.suppress(httpx.TransportError):
-                if httpx.get(url + ready, headers={"Authorization": f"Bearer {KEY}"}).status_code == 200:
-                    break
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"{kind} server not ready in 120 s")
-            time.sleep(0.2)
+        if not wait_http_ok(url + ready, 120, child, {"Authorization": f"Bearer {KEY}"}):
+            raise RuntimeError(f"{kind} server not ready: {child.log_tail()}")
         yield url, model
     finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        child.stop()
 
 
 def run_guidellm(binary: str, url: str, model: str, model_dir: Path, args, out: Path) -> dict:

@@ -1,59 +1,33 @@
-"""A short step-load drill against the real engine (`python -m engine.serve_cli serve` on the tiny model)."""
+"""A short step-load drill against the real engine (`tideflow serve` on the tiny model)."""
 
 from __future__ import annotations
 
 import os
-import signal
-import socket
-import subprocess
-import sys
-import time
 
-import httpx
 import pytest
 
 from engine.drills.expectations import DEFAULT_SUITE
 from engine.drills.load import run_load_drill
 from engine.drills.spec import LoadDrillSpec
+from engine.process import Child, free_port, tideflow_argv, wait_http_ok
 
 pytestmark = pytest.mark.timeout(180)
 KEY = "drill-key"
 
 
 @pytest.fixture(scope="module")
-def engine_server(tiny_model_dir):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "engine.serve_cli", "serve", "--model", str(tiny_model_dir), "--port", str(port),
-         "--served-model-name", "tiny", "--kv-cache-bytes", str(16 << 20), "--max-wait-ms", "1"],
-        env=os.environ | {"TIDEFLOW_API_KEYS": KEY}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-    )
+def engine_server(tiny_model_dir, tmp_path_factory):
+    port = free_port()
+    argv = tideflow_argv("serve", "--model", str(tiny_model_dir), "--port", str(port), "--served-model-name", "tiny",
+                         "--kv-cache-bytes", str(16 << 20), "--max-wait-ms", "1")
+    child = Child("serve-drill", argv, tmp_path_factory.mktemp("logs") / "serve.log", {"TIDEFLOW_API_KEYS": KEY})
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 90
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"serve exited {proc.returncode}: {proc.stdout.read().decode()[-2000:]}")
-            try:
-                if httpx.get(url + "/ready", headers={"Authorization": f"Bearer {KEY}"}).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError("serve did not become ready in 90 s")
-            time.sleep(0.1)
+        if not wait_http_ok(url + "/ready", 90, child, {"Authorization": f"Bearer {KEY}"}):
+            raise RuntimeError(f"serve did not become ready: {child.log_tail()}")
         yield url
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        proc.stdout.close()
+        child.stop()
 
 
 def test_step_drill_of_the_engine_finds_a_watermark_and_reports(engine_server, tiny_model_dir, tmp_path, monkeypatch):

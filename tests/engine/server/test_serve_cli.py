@@ -3,65 +3,35 @@
 from __future__ import annotations
 
 import argparse
-import os
 import signal
-import socket
-import subprocess
-import sys
-import time
 
 import httpx
 import openai
 import pytest
 
+from engine.process import Child, free_port, tideflow_argv, wait_http_ok
 from engine.serve_cli import add_commands, engine_config
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture
 def cli_server(tiny_model_dir, tmp_path):
-    port = _free_port()
+    port = free_port()
     key_file = tmp_path / "keys"
     key_file.write_text("# one key per line\nfile-key\n")
-    env = os.environ | {"TIDEFLOW_API_KEYS": "env-key-1,env-key-2"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "engine.serve_cli", "serve", "--model", str(tiny_model_dir), "--port", str(port),
-         "--api-key-file", str(key_file), "--kv-cache-bytes", str(8 << 20), "--max-wait-ms", "1"],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-    )
+    argv = tideflow_argv("serve", "--model", str(tiny_model_dir), "--port", str(port), "--api-key-file", str(key_file),
+                         "--kv-cache-bytes", str(8 << 20), "--max-wait-ms", "1")
+    child = Child("serve-cli", argv, tmp_path / "serve.log", {"TIDEFLOW_API_KEYS": "env-key-1,env-key-2"})
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 90
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"serve exited {proc.returncode}: {proc.stdout.read().decode()[-2000:]}")
-            try:
-                if httpx.get(url + "/ready", headers={"Authorization": "Bearer env-key-2"}).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError("serve did not become ready in 90 s")
-            time.sleep(0.1)
-        yield url, proc
+        if not wait_http_ok(url + "/ready", 90, child, {"Authorization": "Bearer env-key-2"}):
+            raise RuntimeError(f"serve did not become ready: {child.log_tail()}")
+        yield url, child
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        proc.stdout.close()
+        child.stop()
 
 
 def test_serve_subprocess_answers_the_openai_client(cli_server, tiny_model_dir):
-    url, proc = cli_server
+    url, child = cli_server
     for key in ("env-key-1", "file-key"):
         c = openai.OpenAI(base_url=url + "/v1", api_key=key, max_retries=0, timeout=60)
         model = c.models.list().data[0].id
@@ -69,9 +39,9 @@ def test_serve_subprocess_answers_the_openai_client(cli_server, tiny_model_dir):
         out = c.completions.create(model=model, prompt="hello", max_tokens=5, temperature=0)
         assert out.usage.completion_tokens >= 1
     assert httpx.get(url + "/v1/models", headers={"Authorization": "Bearer nope"}).status_code == 401
-    proc.send_signal(signal.SIGINT)
-    assert proc.wait(timeout=20) == 0
-    assert b"env-key" not in proc.stdout.read()
+    child.proc.send_signal(signal.SIGINT)
+    assert child.proc.wait(timeout=20) == 0
+    assert "env-key" not in child.log_path.read_text()
 
 
 def test_flags_build_the_engine_config():
