@@ -13,17 +13,14 @@ import hashlib
 import json
 import os
 import shutil
-import socket
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import boto3
 
+from engine.process import Child, free_port, start_service
 from engine.weights import publish
 from engine.weights.config import MiB
 
@@ -71,27 +68,11 @@ def empty_bucket(client, bucket: str) -> None:
             client.delete_object(Bucket=bucket, Key=obj["Key"])
 
 
-def start_moto(log: Path) -> tuple[subprocess.Popen, str]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-        stdout=open(log, "wb"), stderr=subprocess.STDOUT,
-    )
+def start_moto(log: Path) -> tuple[Child, str]:
+    port = free_port()
     endpoint = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            urllib.request.urlopen(endpoint + "/moto-api/", timeout=1).close()
-            return proc, endpoint
-        except urllib.error.HTTPError:
-            return proc, endpoint
-        except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                proc.kill()
-                raise RuntimeError(f"moto server did not start; see {log}") from None
-            time.sleep(0.1)
+    argv = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)]
+    return start_service("moto", argv, log, endpoint + "/moto-api/data.json", timeout_s=30), endpoint
 
 
 def main() -> int:
@@ -163,12 +144,7 @@ def main() -> int:
                             lambda: empty_bucket(client, "bench"))
         finally:
             if proc is not None:
-                proc.terminate()
-                try:
-                    proc.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+                proc.stop()
 
     sha_rate = mb / best["sha256"]
     rows = [("filesystem", "copyfile + sha256", "fs-ours", "fs-base")]

@@ -3,20 +3,57 @@
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import httpx
 
 
+# Ports handed to children are drawn below Linux's ephemeral range (32768-60999 by default), where
+# the kernel never places an outgoing connection: a port picked here and bound by a child a moment
+# later cannot be taken in between by one of the many client sockets the tests and the router open.
+_PORT_RANGE = (20000, 32000)
+_handed_out: set[int] = set()  # never the same port twice from one process
+_port_lock = threading.Lock()
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+    """A port nobody listens on now, for a child to bind; outside the ephemeral range, unique per process."""
+    with _port_lock:
+        for _ in range(200):
+            port = random.randint(*_PORT_RANGE)
+            if port in _handed_out:
+                continue
+            with socket.socket() as s:
+                try:
+                    s.bind((host, port))
+                except OSError:
+                    continue
+            _handed_out.add(port)
+            return port
+    raise OSError(f"no free port in {_PORT_RANGE[0]}-{_PORT_RANGE[1]} on {host}")
+
+
+def start_ticks(pid: int) -> int | None:
+    """The kernel's start time of `pid` (clock ticks since boot), None when no such live process.
+
+    pid + start time names one process for its whole life: a pid reused after a crash has another
+    start time, so a restarted controller never adopts (or signals) a stranger. Zombies count as gone.
+    """
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2:].split()  # the command name may contain spaces and parentheses
+    if fields[0] in ("Z", "X"):
+        return None
+    return int(fields[19])
 
 
 class Child:
@@ -29,6 +66,7 @@ class Child:
         self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                      env={**os.environ, **(env or {})}, start_new_session=True)
         self.started = time.monotonic()
+        self.start_ticks = start_ticks(self.proc.pid) or 0
 
     @property
     def pid(self) -> int:
@@ -68,6 +106,49 @@ class Child:
         return "\n".join(text.strip().splitlines()[-lines:])
 
 
+class Adopted:
+    """A process another (earlier) supervisor started, taken over by pid + start time.
+
+    It is not our child, so it cannot be waited for: liveness comes from /proc, and every signal is
+    sent only while the pid still names the same process. Same surface as `Child`.
+    """
+
+    def __init__(self, name: str, pid: int, ticks: int, log_path: Path) -> None:
+        self.name, self.pid, self.start_ticks, self.log_path = name, pid, ticks, log_path
+
+    def alive(self) -> bool:
+        return start_ticks(self.pid) == self.start_ticks
+
+    @property
+    def returncode(self) -> int | None:
+        """None while alive; -9 once gone (an adopted process's real exit code cannot be read)."""
+        return None if self.alive() else -signal.SIGKILL
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        if self.alive():
+            try:
+                os.killpg(self.pid, sig)  # started with its own session: pgid == pid
+            except ProcessLookupError:
+                pass
+
+    def stop(self, grace_s: float = 5.0) -> int:
+        self.kill(signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        while self.alive() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        self.kill(signal.SIGKILL)
+        while self.alive() and time.monotonic() < deadline + 5:
+            time.sleep(0.05)
+        return -signal.SIGKILL
+
+    log_tail = Child.log_tail
+
+
+def adopt(name: str, pid: int, ticks: int, log_path: Path) -> Adopted | None:
+    """The running process `pid` if it is still the one that started at `ticks`, else None."""
+    return Adopted(name, pid, ticks, log_path) if start_ticks(pid) == ticks else None
+
+
 def tideflow_argv(*args: str) -> list[str]:
     """Run the CLI with this interpreter, so children use the same environment."""
     return [sys.executable, "-m", "flows.cli", *args]
@@ -87,3 +168,17 @@ def wait_http_ok(url: str, timeout_s: float, child: Child | None = None, headers
                 pass
             time.sleep(0.05)
     return False
+
+
+def start_service(name: str, argv: list[str], log_path: Path, health_url: str, timeout_s: float = 60.0,
+                  env: dict[str, str] | None = None, headers: dict | None = None) -> Child:
+    """A Child that answers 200 on `health_url` within `timeout_s`; on failure it is reaped and the
+    error carries its log's tail."""
+    child = Child(name, argv, log_path, env)
+    try:
+        if not wait_http_ok(health_url, timeout_s=timeout_s, child=child, headers=headers):
+            raise RuntimeError(f"{name} did not come up within {timeout_s:.0f}s: {child.log_tail()}")
+    except BaseException:
+        child.stop()
+        raise
+    return child

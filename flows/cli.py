@@ -10,8 +10,8 @@ import sys
 from engine.errors import TideflowError
 
 # Modules exposing add_commands(subparsers), imported in this order.
-COMMAND_MODULES = ("engine.cli", "engine.serve_cli", "engine.router.cli", "engine.group.cli", "engine.weights.cli",
-                   "kernels.cli", "engine.drills.cli", "flows.pipeline_cli")
+COMMAND_MODULES = ("engine.cli", "engine.serve_cli", "engine.router.cli", "engine.control.cli", "engine.group.cli",
+                   "engine.weights.cli", "kernels.cli", "engine.drills.cli", "flows.pipeline_cli")
 
 
 def build_parser() -> argparse.ArgumentParser:

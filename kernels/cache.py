@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 
+from kernels.atomic_file import atomic_write_text
 from kernels.spec import BuildManifest
 
 SOURCE_SUFFIXES = (".h", ".cpp", ".cuh", ".cu")
@@ -65,9 +66,7 @@ def manifest_path(artifact_dir: Path, target: str) -> Path:
 
 def write_manifest(artifact_dir: Path, manifest: BuildManifest) -> Path:
     path = manifest_path(artifact_dir, manifest.target)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(manifest.model_dump_json(indent=2))
-    tmp.replace(path)  # readers never see a half-written manifest
+    atomic_write_text(path, manifest.model_dump_json(indent=2))  # readers never see a half-written manifest
     return path
 
 

@@ -30,9 +30,29 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
     up.add_argument("--ready-timeout-s", type=float, default=300.0)
     up.set_defaults(func=_up)
 
+    apply = group_sub.add_parser("apply", help="desired state of one group, through the controller")
+    apply.add_argument("spec", type=Path, help="InferenceGroup spec (YAML)")
+    apply.add_argument("--name", default=None, help="group name (default: the spec's)")
+    apply.add_argument("--version", default=None, help="group version (default: the spec's)")
+    apply.add_argument("--weight", type=float, default=1.0, help="router weight once Ready (default 1)")
+    apply.add_argument("--standby", action="store_true", help="loaded and warm, not routed (the warm pool)")
+    apply.add_argument("--wait-s", type=float, default=0.0, help="wait up to this long for Ready/Standby/Failed")
+    apply.set_defaults(func=lambda a: _control("group_apply", a))
+
+    delete = group_sub.add_parser("delete", help="drain and stop one group, through the controller")
+    delete.add_argument("name")
+    delete.add_argument("--drain-s", type=float, default=10.0, help="wait this long for in-flight requests")
+    delete.set_defaults(func=lambda a: _control("group_delete", a))
+
     status = group_sub.add_parser("status", help="state, members and events of the groups running here (JSON)")
     status.add_argument("name", nargs="?", help="one group (default: all)")
     status.set_defaults(func=_status)
+
+
+def _control(verb: str, args: argparse.Namespace) -> int:
+    from engine.control import cli
+
+    return getattr(cli, verb)(args)
 
 
 def _render(args: argparse.Namespace) -> int:
@@ -61,6 +81,7 @@ def _up(args: argparse.Namespace) -> int:
     port = args.port if args.port is not None else specs[0].router.port
     from engine.paths import home
     from engine.server.auth import load_api_keys
+    from kernels.atomic_file import atomic_write_text
 
     given = load_api_keys()
     config = GroupSetConfig(model_dir=model_dir, model_name=args.model_name, router_port=port,
@@ -77,9 +98,7 @@ def _up(args: argparse.Namespace) -> int:
             key_note = "API key: the first of $TIDEFLOW_API_KEYS"
         else:
             key_file = home() / "router.key"
-            key_file.parent.mkdir(parents=True, exist_ok=True)
-            key_file.touch(mode=0o600)
-            key_file.write_text(groupset.client_key + "\n")
+            atomic_write_text(key_file, groupset.client_key + "\n", mode=0o600)
             key_note = f"API key written to {key_file}"
         print(f"router: {groupset.url}/v1 ({key_note})", flush=True)
         try:

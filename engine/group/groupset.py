@@ -11,7 +11,7 @@ from engine.group.local import LocalProcessBackend
 from engine.group.manager import GroupManager, ManagedGroup, SupervisionPolicy
 from engine.group.spec import InferenceGroup
 from engine.paths import home
-from engine.process import Child, free_port, tideflow_argv, wait_http_ok
+from engine.process import free_port, start_service, tideflow_argv
 from engine.router.admin import RouterAdmin
 from engine.router.app import ADMIN_KEYS_ENV, UPSTREAM_KEY_ENV
 
@@ -42,13 +42,7 @@ class LocalGroupSet:
         env = {"TIDEFLOW_API_KEYS": self.client_key, ADMIN_KEYS_ENV: self._admin_key, UPSTREAM_KEY_ENV: self._member_key}
         argv = tideflow_argv("router", "--host", config.host, "--port", str(port), "--model-name", config.model_name,
                              "--model-dir", str(config.model_dir), *config.router_args)
-        self.router = Child(f"router-{port}", argv, logs / f"router-{port}.log", env)
-        try:
-            if not wait_http_ok(self.url + "/health", timeout_s=60, child=self.router):
-                raise RuntimeError(f"router did not come up: {self.router.log_tail()}")
-        except BaseException:
-            self.router.stop()
-            raise
+        self.router = start_service(f"router-{port}", argv, logs / f"router-{port}.log", self.url + "/health", 60, env)
         self.admin = RouterAdmin(self.url, self._admin_key)
         self.backend = LocalProcessBackend(config.model_dir, self._member_key, config.model_name, logs, config.host)
         self.manager = GroupManager(self.backend, self.admin, config.policy, config.state_dir or home() / "groups",

@@ -7,20 +7,46 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 import httpx
+from pydantic import BaseModel, Field
 
 from engine.group.backend import Backend, BackendError, GroupHandle, MemberStatus, Phase
 from engine.group.spec import InferenceGroup, Member, Role
+from engine.http import bearer_client
 from engine.paths import home
-from engine.process import Child, free_port, tideflow_argv
+from engine.process import Adopted, Child, adopt, free_port, tideflow_argv
+
+
+class MemberRecord(BaseModel):
+    """One member process as started: enough to find it again (and be sure it is the same one) after a restart."""
+
+    handle_id: str
+    group: str
+    role: Role
+    instance: int = Field(ge=0)
+    rank: int = Field(ge=0)
+    size: int = Field(ge=1)
+    port: int = Field(ge=1, le=65535)
+    pid: int = Field(ge=1)
+    ticks: int = Field(ge=0, description="kernel start time of pid (clock ticks since boot)")
+    log_path: str
+
+
+class ProcessLedger(Protocol):
+    """Durable record of every member process the backend runs (the controller's SQLite store)."""
+
+    def record(self, rec: MemberRecord) -> None: ...
+
+    def forget(self, handle_id: str) -> None: ...
 
 
 @dataclass
 class _Running:
     group: InferenceGroup
     handle: GroupHandle
-    children: dict[Member, Child] = field(default_factory=dict)
+    children: dict[Member, Child | Adopted] = field(default_factory=dict)
     ports: dict[Member, int] = field(default_factory=dict)
 
 
@@ -30,10 +56,12 @@ class LocalProcessBackend(Backend):
     name = "local"
 
     def __init__(self, model_dir: Path, api_key: str, model_name: str = "default", log_dir: Path | None = None,
-                 host: str = "127.0.0.1", extra_env: dict[str, str] | None = None) -> None:
+                 host: str = "127.0.0.1", extra_env: dict[str, str] | None = None,
+                 ledger: ProcessLedger | None = None) -> None:
         self.model_dir, self.api_key, self.model_name, self.host = model_dir, api_key, model_name, host
         self.log_dir = log_dir or home() / "logs"
         self.extra_env = extra_env or {}
+        self.ledger = ledger
         self._running: dict[str, _Running] = {}
         self._lock = threading.Lock()
 
@@ -62,8 +90,41 @@ class LocalProcessBackend(Backend):
             argv = tideflow_argv(*self.member_args(run.group, member, port, dist_port, run.handle.standby))
             name = f"{run.handle.id}-{role}{instance}r{rank}"
             env = {"TIDEFLOW_API_KEYS": self.api_key, **self.extra_env}
-            run.children[member] = Child(name, argv, self.log_dir / f"{name}.log", env)
+            child = run.children[member] = Child(name, argv, self.log_dir / f"{name}.log", env)
             run.ports[member] = port
+            if self.ledger is not None:
+                self.ledger.record(MemberRecord(
+                    handle_id=run.handle.id, group=run.group.name, role=role, instance=instance, rank=rank, size=size,
+                    port=port, pid=child.pid, ticks=child.start_ticks, log_path=str(child.log_path)))
+
+    def adopt(self, group: InferenceGroup, records: list[MemberRecord], standby: bool) -> GroupHandle:
+        """Take over a group an earlier controller started, every member still the same process.
+
+        All or nothing: when one member is gone (or its pid now names another process), the members that
+        are left are stopped and BackendError says which one failed; the caller rebuilds the group whole.
+        """
+        if not records:
+            raise BackendError(f"no recorded members of group {group.name}")
+        handle = GroupHandle(id=records[0].handle_id, group=group.name, version=group.version, backend=self.name,
+                             standby=standby)
+        run = _Running(group, handle)
+        missing = []
+        for rec in records:
+            member = Member(role=rec.role, instance=rec.instance, rank=rec.rank, size=rec.size)
+            proc = adopt(f"{rec.handle_id}-{rec.role}{rec.instance}r{rec.rank}", rec.pid, rec.ticks, Path(rec.log_path))
+            if proc is None:
+                missing.append(f"{rec.role}/{rec.instance}/{rec.rank} pid {rec.pid}")
+                continue
+            run.children[member], run.ports[member] = proc, rec.port
+        if missing or len(run.children) != group.total_members:
+            for proc in run.children.values():
+                proc.stop(grace_s=2.0)
+            if self.ledger is not None:
+                self.ledger.forget(handle.id)
+            raise BackendError(f"group {group.name} cannot be adopted: gone {missing or 'members'}")
+        with self._lock:
+            self._running[handle.id] = run
+        return handle
 
     def model_path(self, group: InferenceGroup) -> str:
         """The group's own checkpoint (versions differ by weights), else the set's."""
@@ -105,7 +166,7 @@ class LocalProcessBackend(Backend):
     def members(self, handle: GroupHandle) -> list[MemberStatus]:
         run = self._run(handle)
         out = []
-        with httpx.Client(trust_env=False, headers={"authorization": f"Bearer {self.api_key}"}) as client:
+        with bearer_client(self.api_key) as client:
             for member, child in sorted(run.children.items(), key=lambda kv: (kv[0].role, kv[0].instance, kv[0].rank)):
                 out.append(self._observe(client, run, member, child))
         return out
@@ -162,3 +223,13 @@ class LocalProcessBackend(Backend):
         if run is not None:
             for child in run.children.values():
                 child.stop(grace_s=2.0)
+        if self.ledger is not None:
+            self.ledger.forget(handle.id)
+
+    def kill_member(self, handle: GroupHandle, member: Member) -> int:
+        """SIGKILL one member (fault drills); returns its pid."""
+        child = self._run(handle).children.get(member)
+        if child is None:
+            raise BackendError(f"group {handle.group} has no member {member.role}/{member.instance}/{member.rank}")
+        child.kill()
+        return child.pid

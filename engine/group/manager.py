@@ -21,6 +21,7 @@ from engine.group.spec import InferenceGroup
 from engine.router.admin import RouterAdmin
 from engine.router.registry import Endpoint
 from engine.scaling.members import MemberSwitch, MemberSwitchError
+from kernels.atomic_file import atomic_write_text
 
 log = logging.getLogger(__name__)
 
@@ -67,14 +68,16 @@ class ManagedGroup:
 
     def __init__(self, spec: InferenceGroup, backend: Backend, router: RouterAdmin | None, policy: SupervisionPolicy,
                  state_dir: Path | None, standby: bool = False, weight: float = 1.0,
-                 switch: MemberSwitch | None = None) -> None:
+                 switch: MemberSwitch | None = None, adopted: GroupHandle | None = None) -> None:
         self.spec, self.backend, self.router, self.policy = spec, backend, router, policy
         self.switch = switch  # flips members between serving and standby; None: members start serving
         self._control = threading.Lock()  # one activate or park at a time
         self.state_dir, self.weight = state_dir, weight
         self.status = GroupStatus(name=spec.name, version=spec.version, state=GroupState.PENDING)
         self.standby = standby
+        self._adopted = adopted  # members an earlier controller started, watched instead of started
         self._changed = threading.Condition()
+        self._persist_lock = threading.Lock()
         self._stop = threading.Event()
         self._ready_since: float | None = None
         self._thread = threading.Thread(target=self._supervise, name=f"group-{spec.name}", daemon=True)
@@ -103,10 +106,10 @@ class ManagedGroup:
     def _persist(self) -> None:
         if self.state_dir is None:
             return
-        self.state_dir.mkdir(parents=True, exist_ok=True)
-        tmp = self.state_dir / f".{self.spec.name}.json.tmp"
-        tmp.write_text(self.status.model_dump_json(indent=2))
-        tmp.replace(self.state_dir / f"{self.spec.name}.json")
+        with self._persist_lock:  # the supervisor and control threads both persist; one snapshot at a time
+            with self._changed:
+                text = self.status.model_dump_json(indent=2)
+            atomic_write_text(self.state_dir / f"{self.spec.name}.json", text)
 
     # -- the loop ------------------------------------------------------------------------------
     def _supervise(self) -> None:
@@ -128,13 +131,17 @@ class ManagedGroup:
 
     def _build_and_watch(self) -> str:
         """Start every member, register when all are Ready, watch; returns why the group fell."""
-        self._event(GroupState.STARTING, "starting members")
         self._ready_since = None
         t0 = time.monotonic()
-        try:
-            handle = self.backend.start(self.spec, standby=self.standby)
-        except BackendError as exc:
-            return str(exc)
+        if self._adopted is not None:
+            handle, self._adopted = self._adopted, None
+            self._event(GroupState.STARTING, f"adopted {self.spec.total_members} running members")
+        else:
+            self._event(GroupState.STARTING, "starting members")
+            try:
+                handle = self.backend.start(self.spec, standby=self.standby)
+            except BackendError as exc:
+                return str(exc)
         self.status.handle = handle
         try:
             failure = self._await_ready(handle)
@@ -287,11 +294,13 @@ class GroupManager:
         self.state_dir = state_dir
         self.groups: dict[str, ManagedGroup] = {}
 
-    def up(self, spec: InferenceGroup, standby: bool = False, weight: float = 1.0) -> ManagedGroup:
+    def up(self, spec: InferenceGroup, standby: bool = False, weight: float = 1.0,
+           adopted: GroupHandle | None = None) -> ManagedGroup:
+        """Supervise `spec`: start its members, or watch `adopted` ones already running."""
         if spec.name in self.groups and self.groups[spec.name].status.state not in (GroupState.STOPPED, GroupState.FAILED):
             raise BackendError(f"group {spec.name} is already managed ({self.groups[spec.name].status.state.value})")
         managed = ManagedGroup(spec, self.backend, self.router, self.policy, self.state_dir, standby, weight,
-                               self.switch).start()
+                               self.switch, adopted).start()
         self.groups[spec.name] = managed
         return managed
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 from datetime import timedelta
 from typing import Literal
 
@@ -58,10 +57,3 @@ def init(config: DistConfig) -> None:
 def shutdown() -> None:
     if dist.is_initialized():
         dist.destroy_process_group()
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]

@@ -12,6 +12,7 @@ import torch.multiprocessing as mp
 from engine.errors import TideflowError
 from engine.parallel import dist as pdist
 from engine.parallel.dist import Backend, DistConfig
+from engine.process import free_port
 
 
 class RankError(TideflowError):
@@ -40,7 +41,7 @@ def run_ranks(
     """
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
-    port = pdist.free_port()
+    port = free_port()
     procs = [
         ctx.Process(target=_entry, daemon=True, name=f"dep-rank-{rank}", args=(
             target, DistConfig(rank=rank, world_size=world_size, port=port, backend=backend,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import httpx
 
 from engine.errors import TideflowError
+from engine.http import bearer_client
 from engine.router.registry import Endpoint, GroupRegistration
 
 
@@ -15,8 +16,7 @@ class RouterAdminError(TideflowError):
 class RouterAdmin:
     def __init__(self, url: str, admin_key: str, timeout_s: float = 5.0) -> None:
         self.url = url.rstrip("/")
-        self._client = httpx.Client(base_url=self.url, headers={"authorization": f"Bearer {admin_key}"},
-                                    timeout=timeout_s, trust_env=False)
+        self._client = bearer_client(admin_key, self.url, timeout_s)
 
     def _call(self, method: str, path: str, **kw) -> dict:
         try:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import AsyncIterator
 
 import httpx
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 
 from engine.kv_cache import block_hash
 from engine.router.balancer import DecodeBalancer, LeastQueuedBalancer, PrefillBalancer

@@ -68,7 +68,13 @@ class Registry:
         self._lock = threading.Lock()
 
     def register(self, reg: GroupRegistration) -> None:
+        """Add or replace a group; the same version and endpoints again only update the weight, keeping
+        health and in-flight counts (a restarted controller re-registers what it adopted)."""
         with self._lock:
+            have = self._groups.get(reg.name)
+            if have is not None and have.reg.version == reg.version and have.reg.endpoints == reg.endpoints:
+                have.reg.weight = reg.weight
+                return
             self._groups[reg.name] = GroupState(reg)
 
     def deregister(self, name: str) -> bool:

@@ -7,6 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 
 from engine.errors import TideflowError
+from engine.http import bearer_client
 
 
 class MemberSwitchError(TideflowError):
@@ -17,8 +18,7 @@ class MemberSwitch:
     """Calls POST /admin/activate or /admin/park on many members in parallel, with the members' API key."""
 
     def __init__(self, api_key: str | None, timeout_s: float = 30.0) -> None:
-        headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
-        self._client = httpx.Client(headers=headers, timeout=timeout_s, trust_env=False)
+        self._client = bearer_client(api_key, timeout_s=timeout_s)
 
     def activate(self, endpoints: list[str]) -> list[float]:
         """Seconds each member took to allocate its KV cache and start serving."""

@@ -12,6 +12,7 @@ from collections.abc import Callable
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from engine.http import bearer_client
 from engine.scaling.policy import Observation
 
 TTFT_METRIC = "tideflow_router_time_to_first_token_seconds"
@@ -53,8 +54,8 @@ class SetObserver:
     def __init__(self, router_url: str, client_key: str, member_key: str, member_urls: Callable[[], list[str]],
                  timeout_s: float = 2.0) -> None:
         self.router_url, self.member_urls = router_url.rstrip("/"), member_urls
-        self._router = httpx.Client(headers={"authorization": f"Bearer {client_key}"}, timeout=timeout_s, trust_env=False)
-        self._members = httpx.Client(headers={"authorization": f"Bearer {member_key}"}, timeout=timeout_s, trust_env=False)
+        self._router = bearer_client(client_key, timeout_s=timeout_s)
+        self._members = bearer_client(member_key, timeout_s=timeout_s)
         self._last: dict[float, float] = {}
 
     def __call__(self) -> Observation:

@@ -22,14 +22,7 @@ from engine.weights.config import FsStoreConfig
 from engine.weights.errors import ChecksumMismatchError, ObjectMissingError
 from engine.weights.parts import composite_sha256, sha256_b64
 from engine.weights.store import ObjectStore, StoredObject, StoredPart
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
+from kernels.atomic_file import atomic_write_bytes
 
 
 def _copy_range(src: int, dst: int, offset: int, length: int) -> int:
@@ -97,7 +90,7 @@ class FsStore(ObjectStore):
             return None
 
     def write_bytes(self, key: str, data: bytes) -> None:
-        _atomic_write(self._object(key), data)
+        atomic_write_bytes(self._object(key), data)
 
     def delete(self, key: str) -> None:
         self._meta(key).unlink(missing_ok=True)
@@ -156,7 +149,7 @@ class FsStore(ObjectStore):
         finally:
             os.close(fd)
         # The record is the part's commit: written only after all its bytes are in the file.
-        _atomic_write(staging / "parts" / str(number), json.dumps({"size": len(data), "sha256": sha256}).encode())
+        atomic_write_bytes(staging / "parts" / str(number), json.dumps({"size": len(data), "sha256": sha256}).encode())
         self.counters.uploaded(len(data))
         return StoredPart(number=number, size=len(data), sha256=sha256)
 
@@ -183,7 +176,7 @@ class FsStore(ObjectStore):
         target.parent.mkdir(parents=True, exist_ok=True)
         self._meta(key).unlink(missing_ok=True)
         os.replace(data, target)
-        _atomic_write(self._meta(key), json.dumps({"size": size, "sha256": stored, "parts": len(parts)}).encode())
+        atomic_write_bytes(self._meta(key), json.dumps({"size": size, "sha256": stored, "parts": len(parts)}).encode())
         shutil.rmtree(staging, ignore_errors=True)
         for other in self._uploads(key).glob("*"):
             shutil.rmtree(other, ignore_errors=True)

@@ -8,6 +8,7 @@ import ctypes
 import os
 import shutil
 import subprocess
+import uuid
 from pathlib import Path
 
 from kernels.errors import CompileError
@@ -58,11 +59,15 @@ def compile_library(source_dir: Path, build_dir: Path, cflags: list[str]) -> Pat
     build_dir.mkdir(parents=True, exist_ok=True)
     out = build_dir / LIBRARY
     sources = sorted(str(p) for p in source_dir.glob("*.cu"))
-    cmd = [exe, *cflags, "-o", str(out.with_suffix(".tmp")), *sources]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
-    if proc.returncode != 0:
-        raise CompileError(f"{' '.join(cmd)}\n{proc.stdout}{proc.stderr}")
-    out.with_suffix(".tmp").replace(out)
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")  # two builders never share it
+    cmd = [exe, *cflags, "-o", str(tmp), *sources]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+        if proc.returncode != 0:
+            raise CompileError(f"{' '.join(cmd)}\n{proc.stdout}{proc.stderr}")
+        tmp.replace(out)
+    finally:
+        tmp.unlink(missing_ok=True)
     return out
 
 

@@ -7,13 +7,14 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
 from pydantic import ValidationError
 
-from kernels import ops
+from kernels import ops, reference
 from kernels.build import build
 from kernels.cpu.extension import SOURCE_DIR
 from kernels.errors import BuildFailed
-from kernels.loader import load_cached
+from kernels.loader import implementations, load_cached
 from kernels.spec import BuildManifest, BuildRequest
 
 
@@ -86,3 +87,20 @@ def test_wrong_result_fails_naming_the_op_and_keeps_the_reference(cpu_build):
 def test_bad_requests_fail_naming_the_field(field, kwargs):
     with pytest.raises(ValidationError, match=field):
         BuildRequest(**kwargs)
+
+
+def test_same_key_built_into_two_homes_loads_both_in_one_process(cpu_build, tmp_path, monkeypatch):
+    """The same sources built into a second TIDEFLOW_HOME in this process: a second library under its
+    own namespace, not a second registration of the first one (which aborts the interpreter)."""
+    first, first_impls = cpu_build
+    monkeypatch.setenv("TIDEFLOW_HOME", str(tmp_path / "second-home"))
+    second = build(BuildRequest(arch="native", target="rms_norm", bench_iters=1, bench_hidden=256))
+    assert second.ok and not second.cache_hit and second.cache_key == first.cache_key
+    assert Path(second.artifact).parent != Path(first.artifact).parent
+    second_impls = implementations("cpu", Path(second.artifact), second.cache_key, ["rms_norm"])
+    assert second_impls["rms_norm"] is not first_impls["rms_norm"]
+    x, residual, w = torch.randn(3, 64), torch.randn(3, 64), torch.randn(64)
+    want, _ = reference.rms_norm(x, w, 1e-6, residual)
+    for fn in (first_impls["rms_norm"], second_impls["rms_norm"]):
+        got, _ = fn(x, w, 1e-6, residual)
+        torch.testing.assert_close(got, want)

@@ -5,18 +5,14 @@ import itertools
 import json
 import os
 import shutil
-import socket
-import subprocess
 import sys
-import time
-import urllib.error
-import urllib.request
 import uuid
 from pathlib import Path
 
 import boto3
 import pytest
 
+from engine.process import free_port, start_service
 from engine.weights.config import MiB
 from engine.weights.parts import part_ranges
 from engine.weights.urls import open_store
@@ -32,46 +28,20 @@ _AWS_ENV = {
 }
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="session")
 def s3_endpoint(tmp_path_factory):
     """A moto S3 server in its own process on 127.0.0.1; env points boto3 (and children) at it."""
     saved = {k: os.environ.get(k) for k in [*_AWS_ENV, "TIDEFLOW_S3_ENDPOINT_URL", "AWS_PROFILE"]}
-    port = _free_port()
+    port = free_port()
     endpoint = f"http://127.0.0.1:{port}"
-    log = open(tmp_path_factory.mktemp("moto") / "server.log", "wb")
-    server = subprocess.Popen(
-        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-        stdout=log, stderr=subprocess.STDOUT,
-    )
+    server = start_service("moto", [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                           tmp_path_factory.mktemp("moto") / "server.log", endpoint + "/moto-api/data.json")
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                urllib.request.urlopen(endpoint + "/moto-api/", timeout=1).close()
-                break
-            except urllib.error.HTTPError:
-                break  # the server answered
-            except OSError:
-                if server.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"moto server did not start; see {log.name}") from None
-                time.sleep(0.1)
         os.environ.update(_AWS_ENV, TIDEFLOW_S3_ENDPOINT_URL=endpoint)
         os.environ.pop("AWS_PROFILE", None)
         yield endpoint
     finally:
-        server.terminate()
-        try:
-            server.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
-        log.close()
+        server.stop()
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)

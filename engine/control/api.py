@@ -1,0 +1,101 @@
+"""The control API: every verb a task needs, behind the controller's admin key, with pydantic bodies.
+
+Handlers are plain functions (FastAPI runs them on its thread pool), because parking or deleting a
+group drains it, which may take seconds and must not stall the other calls.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Callable
+
+from fastapi import APIRouter, Depends, FastAPI, Path, Query
+
+from engine.control.controller import ControlError, Controller
+from engine.control.models import (GROUP_NAME, ApplyGroup, FleetStatus, GroupView, Killed, KillMember, ParkBody,
+                                   ScalePool, Seconds, WeightsBody)
+from engine.control.store import Event
+from engine.scaling.pool import ScaleResult
+from engine.server.auth import BearerAuth
+from engine.server.errors import APIError, install_error_handlers
+
+GroupName = Annotated[str, Path(pattern=GROUP_NAME, description="group name (a DNS-1123 label)")]
+
+
+def create_control_app(controller: Controller, on_down: Callable[[], None]) -> FastAPI:
+    """`on_down` ends the serving process after `POST /v1/down` has stopped the fleet."""
+    auth = BearerAuth([controller.admin_key])
+    app = FastAPI(title="tideflow controller", docs_url=None, redoc_url=None)
+    install_error_handlers(app)
+    api = APIRouter(dependencies=[Depends(auth)])
+
+    @app.get("/health")  # open: probes carry no secrets
+    def health() -> dict:
+        return {"status": "alive"}
+
+    def call(fn, *args):
+        try:
+            return fn(*args)
+        except ControlError as exc:
+            raise APIError(exc.status, str(exc)) from None
+
+    @api.get("/v1/status")
+    def status() -> FleetStatus:
+        return controller.status()
+
+    @api.get("/v1/groups/{name}")
+    def group(name: GroupName) -> GroupView:
+        return call(controller.view, name)
+
+    @api.put("/v1/groups")
+    def apply(body: ApplyGroup) -> GroupView:
+        return call(controller.apply, body)
+
+    @api.delete("/v1/groups/{name}")
+    def delete(name: GroupName, drain_s: Annotated[float, Query(ge=0, le=3600)] = 10.0) -> dict:
+        call(controller.delete, name, drain_s)
+        return {"deleted": name}
+
+    @api.put("/v1/weights")
+    def weights(body: WeightsBody) -> dict:
+        for name, w in body.weights.items():
+            if not (w >= 0 and w != float("inf")):
+                raise APIError(400, f"weight of {name} must be finite and >= 0", "weights")
+        return {"weights": call(controller.set_weights, body.weights)}
+
+    @api.post("/v1/groups/{name}/activate")
+    def activate(name: GroupName) -> Seconds:
+        return Seconds(seconds=call(controller.activate, name))
+
+    @api.post("/v1/groups/{name}/park")
+    def park(name: GroupName, body: ParkBody) -> Seconds:
+        return Seconds(seconds=call(controller.park, name, body.drain_s))
+
+    @api.post("/v1/groups/{name}/kill")
+    def kill(name: GroupName, body: KillMember) -> Killed:
+        return call(controller.kill_member, name, body)
+
+    @api.post("/v1/pools/scale")
+    def scale(body: ScalePool) -> ScaleResult:
+        return call(controller.scale_pool, body)
+
+    @api.get("/v1/router/groups")
+    def router_groups() -> dict:
+        """The router's own view: weights, routable, in-flight counts (canary and drains read it)."""
+        return {"groups": controller.admin.groups()}
+
+    @api.get("/v1/metrics/members")
+    def member_metrics() -> dict:
+        return {"texts": controller.member_metrics()}
+
+    @api.get("/v1/events")
+    def events(limit: Annotated[int, Query(ge=1, le=10000)] = 200) -> list[Event]:
+        return controller.store.events(limit)
+
+    @api.post("/v1/down")
+    def down() -> dict:
+        controller.close(stop_fleet=True)
+        on_down()
+        return {"down": True}
+
+    app.include_router(api)
+    return app

@@ -1,0 +1,124 @@
+"""The typed client of the control API: every task talks to the fleet through it, so no flow run keeps
+fleet state in its own process."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+
+from engine.control import discovery
+from engine.control.models import (ApplyGroup, FleetStatus, GroupView, Killed, KillMember, ParkBody, ScalePool,
+                                   Seconds)
+from engine.control.store import Event
+from engine.errors import TideflowError
+from engine.group.manager import GroupState
+from engine.group.spec import InferenceGroup
+from engine.http import bearer_client
+from engine.scaling.pool import ScaleResult
+
+
+class ControlAPIError(TideflowError):
+    """The controller refused a call (status >= 400) or did not answer."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class ControlClient:
+    def __init__(self, url: str, admin_key: str, timeout_s: float = 120.0) -> None:
+        self.url = url.rstrip("/")
+        self._http = bearer_client(admin_key, self.url, timeout_s)
+
+    @classmethod
+    def connect(cls) -> "ControlClient":
+        """The controller of $TIDEFLOW_CONTROLLER_URL or of this $TIDEFLOW_HOME; NoController when none."""
+        info = discovery.find()
+        return cls(info.url, info.admin_key)
+
+    def _call(self, method: str, path: str, **kw):
+        try:
+            r = self._http.request(method, path, **kw)
+        except httpx.HTTPError as exc:
+            raise ControlAPIError(f"controller {self.url} did not answer {method} {path}: {exc}") from None
+        if r.status_code >= 400:
+            try:
+                message = r.json()["error"]["message"]
+            except (ValueError, KeyError, TypeError):
+                message = r.text[:300]
+            raise ControlAPIError(f"controller refused {method} {path} ({r.status_code}): {message}", r.status_code)
+        return r.json()
+
+    # -- fleet ----------------------------------------------------------------------------------------
+    def health(self) -> bool:
+        try:
+            return self._http.get("/health", timeout=2.0).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def status(self) -> FleetStatus:
+        return FleetStatus.model_validate(self._call("GET", "/v1/status"))
+
+    def group(self, name: str) -> GroupView:
+        return GroupView.model_validate(self._call("GET", f"/v1/groups/{name}"))
+
+    def apply(self, spec: InferenceGroup, weight: float = 1.0, standby: bool = False) -> GroupView:
+        body = ApplyGroup(spec=spec, weight=weight, standby=standby)
+        return GroupView.model_validate(self._call("PUT", "/v1/groups", content=body.model_dump_json(),
+                                                   headers={"content-type": "application/json"}))
+
+    def delete(self, name: str, drain_s: float = 10.0) -> None:
+        self._call("DELETE", f"/v1/groups/{name}", params={"drain_s": drain_s})
+
+    def activate(self, name: str) -> float:
+        return Seconds.model_validate(self._call("POST", f"/v1/groups/{name}/activate")).seconds
+
+    def park(self, name: str, drain_s: float = 30.0) -> float:
+        body = ParkBody(drain_s=drain_s).model_dump()
+        return Seconds.model_validate(self._call("POST", f"/v1/groups/{name}/park", json=body)).seconds
+
+    def kill(self, name: str, target: str) -> Killed:
+        body = KillMember(target=target).model_dump()
+        return Killed.model_validate(self._call("POST", f"/v1/groups/{name}/kill", json=body))
+
+    def scale_pool(self, body: ScalePool) -> ScaleResult:
+        return ScaleResult.model_validate(self._call("POST", "/v1/pools/scale", content=body.model_dump_json(),
+                                                     headers={"content-type": "application/json"}))
+
+    def events(self, limit: int = 200) -> list[Event]:
+        return [Event.model_validate(e) for e in self._call("GET", "/v1/events", params={"limit": limit})]
+
+    def down(self) -> None:
+        self._call("POST", "/v1/down")
+
+    def wait_for(self, name: str, states: set[GroupState], timeout_s: float, poll_s: float = 0.2) -> GroupView:
+        """Poll until the group is in one of `states` (or `timeout_s` passes); its last view either way."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            view = self.group(name)
+            if view.state in states or time.monotonic() >= deadline:
+                return view
+            time.sleep(poll_s)
+
+    # -- the router, as the canary and drains see it (same verbs as RouterAdmin) --------------------------
+    def set_weights(self, weights: dict[str, float]) -> dict[str, float]:
+        return self._call("PUT", "/v1/weights", json={"weights": weights})["weights"]
+
+    def groups(self) -> list[dict]:
+        return self._call("GET", "/v1/router/groups")["groups"]
+
+    def inflight(self, name: str) -> int:
+        return next((g["inflight"] for g in self.groups() if g["name"] == name), 0)
+
+    def member_metrics(self) -> list[str]:
+        return self._call("GET", "/v1/metrics/members")["texts"]
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> "ControlClient":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

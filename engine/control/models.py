@@ -1,0 +1,84 @@
+"""The control API's bodies: one pydantic model per request and answer, shared by server and client."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from engine.group.manager import GroupState
+from engine.group.spec import InferenceGroup, Role
+from engine.scaling.policy import Bounds
+
+GROUP_NAME = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"  # a DNS-1123 label, as Kubernetes names objects
+
+
+class ApplyGroup(BaseModel):
+    """Desired state of one group: created when new, else its weight and serving/standby updated."""
+
+    spec: InferenceGroup
+    weight: float = Field(1.0, ge=0, allow_inf_nan=False, description="router weight once Ready")
+    standby: bool = Field(False, description="start (or park) silent: loaded and warm, not routed")
+
+
+class WeightsBody(BaseModel):
+    weights: dict[str, float] = Field(description="group name -> traffic weight (finite, >= 0)")
+
+
+class KillMember(BaseModel):
+    """Which member a fault drill kills; `expert` = the first non-leader rank of a DEP instance."""
+
+    target: Literal["prefill", "decode", "colocated", "encoder", "expert"] = "decode"
+
+
+class Killed(BaseModel):
+    member: str = Field(description="role/instance/rank of the killed member")
+    pid: int
+    handle: str = Field(description="id of the group's build that was hit (a rebuild gets a new one)")
+    pids_before: list[int] = Field(description="every member pid of that build")
+
+
+class ScalePool(BaseModel):
+    """Serve `target` copies of `template` (named <template.name>-<i>), standby ones first."""
+
+    template: InferenceGroup
+    target: int = Field(ge=0, le=1000)
+    bounds: Bounds = Field(default_factory=Bounds)
+    warm_pool: int = Field(1, ge=0, le=100)
+    floor: int | None = Field(None, ge=0)
+
+
+class MemberView(BaseModel):
+    role: Role
+    instance: int
+    rank: int
+    endpoint: str | None
+    phase: str
+    pid: int | None = Field(None, description="process id on the local backend; None where there is none")
+
+
+class GroupView(BaseModel):
+    name: str
+    version: str
+    state: GroupState
+    weight: float
+    standby: bool
+    restarts: int
+    handle: str | None = Field(None, description="id of the current build (changes on every rebuild)")
+    message: str = Field("", description="the last event's message")
+    last_activation_s: float | None = None
+    members: list[MemberView] = Field(default_factory=list)
+
+
+class FleetStatus(BaseModel):
+    router_url: str
+    controller_pid: int
+    groups: list[GroupView]
+
+
+class ParkBody(BaseModel):
+    drain_s: float = Field(30.0, ge=0, le=3600)
+
+
+class Seconds(BaseModel):
+    seconds: float

@@ -1,0 +1,11 @@
+"""The one HTTP client helper: a bearer key, a timeout, no proxy from the environment (loopback traffic
+must never leave through an HTTP_PROXY)."""
+
+from __future__ import annotations
+
+import httpx
+
+
+def bearer_client(key: str | None, base_url: str = "", timeout_s: float = 5.0) -> httpx.Client:
+    headers = {"authorization": f"Bearer {key}"} if key else {}
+    return httpx.Client(base_url=base_url.rstrip("/"), headers=headers, timeout=timeout_s, trust_env=False)
