@@ -1,11 +1,10 @@
-"""deploy_group: weights to the node cache -> start every member -> all Ready -> take traffic."""
+"""deploy_group: weights to the node cache -> desired state to the controller -> all Ready -> take traffic."""
 
 from __future__ import annotations
 
 from prefect import flow
 
-from engine.group.groupset import GroupSetConfig
-from engine.group.manager import GroupStatus
+from engine.control.models import GroupView
 from engine.group.spec import InferenceGroup, ModelRef
 from engine.weights import cache_dir_for
 from flows.params import DeployParams
@@ -14,16 +13,15 @@ from tasks.weights import pull_weights
 
 
 @flow(name="deploy_group", log_prints=True)
-def deploy_group(params: DeployParams = DeployParams()) -> GroupStatus:
+def deploy_group(params: DeployParams = DeployParams()) -> GroupView:
     spec = InferenceGroup.from_yaml(params.spec_file)
     update = {k: v for k, v in (("name", params.name), ("version", params.version)) if v}
     if params.weights_url:
         cache = cache_dir_for(params.weights_url)
         pull_weights(params.weights_url, cache)
         update["model"] = ModelRef(path=str(cache), dtype=spec.model.dtype)
-    spec = spec.model_copy(update=update)
-    model_dir = spec.model.expanded_path()
-    name = start_group(spec, GroupSetConfig(name=params.groupset, model_dir=model_dir))
-    status = await_group_ready(name, params.groupset, params.ready_timeout_s)
-    register_group(name, params.weight, params.groupset)
+    spec = InferenceGroup.model_validate({**spec.model_dump(), **update})
+    name = start_group(spec)
+    status = await_group_ready(name, params.ready_timeout_s)
+    register_group(name, params.weight)
     return status

@@ -1,4 +1,8 @@
-"""load_drill and fault_drill flows: drive the group set's router and report."""
+"""load_drill and fault_drill flows: drive the fleet's router and report.
+
+Both find the fleet through the controller, so they run the same from `make run`, a nightly
+schedule, the Prefect UI or CI, each in a process of its own.
+"""
 
 from __future__ import annotations
 
@@ -8,11 +12,11 @@ from pathlib import Path
 from prefect import flow
 from pydantic import BaseModel, Field
 
+from engine.control import discovery
+from engine.control.client import ControlClient
 from engine.drills.fault import FaultDrillReport, FaultDrillSpec
 from engine.drills.results import LoadDrillReport
 from engine.drills.spec import LoadDrillSpec
-from engine.default_model import write_default_model
-from engine.group.groupset import GroupSetConfig, close_groupsets, get_groupset
 from engine.group.spec import InferenceGroup
 from engine.paths import home
 from tasks.drills import run_fault_drill, run_load_drill
@@ -28,8 +32,7 @@ class LoadDrillParams(BaseModel):
     output_len: str = Field("fixed:32", description="max_tokens law")
     slo_ttft_ms: float = Field(2000.0, gt=0)
     slo_tpot_ms: float = Field(500.0, gt=0)
-    groupset: str = Field("default", description="group set of this process whose router is drilled")
-    router_url: str | None = Field(None, description="drill this router instead (e.g. a cluster's)")
+    router_url: str | None = Field(None, description="drill this router instead of the controller's (e.g. a cluster's)")
     api_key_env: str | None = Field(None, description="env var holding router_url's API key")
 
 
@@ -39,20 +42,22 @@ class FaultDrillParams(BaseModel):
     repeats: int = Field(1, ge=1, le=20)
     rate: float = Field(4.0, gt=0, description="background load, req/s")
     duration_s: float = Field(4.0, gt=0, description="seconds of load per repeat")
-    groupset: str = Field("default")
     spec_file: Path = Field(Path("deployments/groups/tiny-pd.yaml"),
-                            description="group to bring up for the drill when this process runs none")
+                            description="group to bring up for the drill when the fleet has no `group`")
 
 
-def _router(gs) -> tuple[str, str]:
-    """The router URL, with its client key exported under a name the drill spec can carry (never the key)."""
-    os.environ[DRILL_KEY_ENV] = gs.client_key
-    return gs.url, DRILL_KEY_ENV
+def fleet_router() -> tuple[str, str]:
+    """The controller's router URL, with its client key exported under a name a drill spec can carry
+    (the spec names the variable, never the key)."""
+    with ControlClient.connect() as client:
+        url = client.status().router_url
+    os.environ[DRILL_KEY_ENV] = discovery.router_key()
+    return url, DRILL_KEY_ENV
 
 
 @flow(name="load_drill", log_prints=True)
 def load_drill(params: LoadDrillParams = LoadDrillParams()) -> LoadDrillReport:
-    url, key_env = (params.router_url, params.api_key_env) if params.router_url else _router(get_groupset(params.groupset))
+    url, key_env = (params.router_url, params.api_key_env) if params.router_url else fleet_router()
     spec = LoadDrillSpec(url=url, model="default", api_key_env=key_env, steps=params.steps, hold_s=params.hold_s,
                          prompt_len=params.prompt_len, output_len=params.output_len, slo_ttft_ms=params.slo_ttft_ms,
                          slo_tpot_ms=params.slo_tpot_ms, out_dir=home() / "drills" / "load-latest")
@@ -61,24 +66,22 @@ def load_drill(params: LoadDrillParams = LoadDrillParams()) -> LoadDrillReport:
 
 @flow(name="fault_drill", log_prints=True)
 def fault_drill(params: FaultDrillParams = FaultDrillParams()) -> FaultDrillReport:
-    """Kills members of a group this process runs; with none running (a nightly schedule), it first brings
-    `spec_file` up in its own group set and stops it afterwards."""
-    try:
-        gs, own = get_groupset(params.groupset), False
-    except KeyError:
+    """Kills a member of a serving group; when the fleet has no such group (a nightly drill on a fresh
+    machine) it first brings `spec_file` up and deletes it afterwards."""
+    with ControlClient.connect() as client:
+        own = params.group not in {g.name for g in client.status().groups}
+    if own:
         spec = InferenceGroup.from_yaml(params.spec_file)
-        model_dir = Path(spec.model.expanded_path())
-        if not (model_dir / "config.json").exists():
-            write_default_model(model_dir)
-        start_group(spec, GroupSetConfig(name=params.groupset, model_dir=model_dir))
-        await_group_ready(spec.name, params.groupset)
-        gs, own, params = get_groupset(params.groupset), True, params.model_copy(update={"group": spec.name})
+        start_group(spec, weight=1.0)
+        await_group_ready(spec.name)
+        params = params.model_copy(update={"group": spec.name})
     try:
-        url, key_env = _router(gs)
+        url, key_env = fleet_router()
         load = LoadDrillSpec(url=url, model="default", api_key_env=key_env, rate=params.rate,
                              duration_s=params.duration_s, expectations_suite=None, progress_bar=False)
         return run_fault_drill(FaultDrillSpec(group=params.group, target=params.target, repeats=params.repeats,
-                                              load=load), params.groupset)
+                                              load=load))
     finally:
         if own:
-            close_groupsets()
+            with ControlClient.connect() as client:
+                client.delete(params.group)

@@ -6,7 +6,6 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
-from engine.paths import home
 
 
 class WeightsParams(BaseModel):
@@ -37,4 +36,3 @@ class DeployParams(BaseModel):
     weights_url: str | None = Field(None, description="published version to pull into the node cache")
     weight: float = Field(1.0, ge=0, description="traffic weight once Ready (0 = registered, no traffic)")
     ready_timeout_s: float = Field(600.0, gt=0, description="how long members may take to become Ready")
-    groupset: str = Field("default", description="group set (router) in this process")

@@ -14,11 +14,13 @@ PREFECT_YAML = Path(__file__).resolve().parents[1] / "deployments" / "prefect.ya
 def add_commands(subparsers: argparse._SubParsersAction) -> None:
     rel = subparsers.add_parser("release", help="build kernels -> publish -> deploy -> canary -> drills (Prefect flow)")
     rel.add_argument("--ci", action="store_true", help="exit non-zero unless the canary was promoted and every drill held")
-    rel.add_argument("--keep-serving", action="store_true", help="keep the router and groups up after the flow (Ctrl-C stops)")
+    rel.add_argument("--keep-serving", action="store_true",
+                     help="leave the controller (and the fleet) running after the flow; `tideflow down` stops it")
     rel.set_defaults(func=_release)
 
     ui = subparsers.add_parser("ui", help="start a local Prefect server and serve every deployment of deployments/prefect.yaml")
     ui.add_argument("--port", type=int, default=4200, help="Prefect UI/API port on 127.0.0.1")
+    ui.add_argument("--keep-serving", action="store_true", help="leave a controller started here running on exit")
     ui.set_defaults(func=_ui)
 
 
@@ -33,58 +35,63 @@ def _prefect_home() -> None:
 
 def _release(args: argparse.Namespace) -> int:
     _prefect_home()
+    from engine.control.launch import ensure_controller, stop_controller
     from flows.release import ReleaseParams, release
-    from engine.group.groupset import close_groupsets
 
     t0 = time.monotonic()
-    state = release(ReleaseParams(keep_serving=args.keep_serving), return_state=True)
-    took = time.monotonic() - t0
-    if not state.is_completed():
-        close_groupsets()
-        print(f"release failed after {took:.0f}s: {state.message}", file=sys.stderr)
-        return 1
-    s = state.result()
-    print(f"\nrelease finished in {took:.0f}s")
-    print(f"  kernels verified: {s.kernels_ok}")
-    print(f"  weights: {s.weights['v1']} (stable), {s.weights['v2']} (new)")
-    print(f"  canary: {s.canary_decision} - {s.canary_reason}")
-    print(f"  serving weights: {s.serving}; traffic during the canary: {s.canary_traffic}")
-    print(f"  load drill: capacity {s.load_capacity_rps} req/s, {s.load_ok}/{s.load_sent} ok")
-    print(f"  fault drill: rebuilt in {s.fault_recover_s} s, every request accounted for: {s.fault_accounted}")
-    print(f"  runs, artifacts and plots: `tideflow ui` (Prefect data in {os.environ['PREFECT_HOME']})")
-    if args.keep_serving:
-        print(f"  serving on {s.router}/v1 until Ctrl-C")
-        try:
-            while True:
-                time.sleep(3600)
-        except KeyboardInterrupt:
-            close_groupsets()
-    ok = s.canary_decision == "promoted" and s.fault_accounted and all(r is not None for r in s.fault_recover_s)
-    return 0 if ok or not args.ci else 1
+    started = ensure_controller()  # None: a controller already serves this home, and it stays as it is
+    try:
+        state = release(ReleaseParams(), return_state=True)
+        took = time.monotonic() - t0
+        if not state.is_completed():
+            print(f"release failed after {took:.0f}s: {state.message}", file=sys.stderr)
+            return 1
+        s = state.result()
+        print(f"\nrelease finished in {took:.0f}s")
+        print(f"  kernels verified: {s.kernels_ok}")
+        print(f"  weights: {s.weights['v1']} (stable), {s.weights['v2']} (new)")
+        print(f"  canary: {s.canary_decision} - {s.canary_reason}")
+        print(f"  serving weights: {s.serving}; traffic during the canary: {s.canary_traffic}")
+        print(f"  load drill: capacity {s.load_capacity_rps} req/s, {s.load_ok}/{s.load_sent} ok")
+        print(f"  fault drill: rebuilt in {s.fault_recover_s} s, every request accounted for: {s.fault_accounted}")
+        print(f"  runs, artifacts and plots: `tideflow ui` (Prefect data in {os.environ['PREFECT_HOME']})")
+        if args.keep_serving or started is None:
+            print(f"  serving on {s.router}/v1 (`tideflow status`; `tideflow down` stops it)")
+        ok = s.canary_decision == "promoted" and s.fault_accounted and all(r is not None for r in s.fault_recover_s)
+        return 0 if ok or not args.ci else 1
+    finally:
+        if started is not None and not args.keep_serving:
+            stop_controller(started)
 
 
 def _ui(args: argparse.Namespace) -> int:
     _prefect_home()
-    from engine.process import Child, tideflow_argv, wait_http_ok
+    from engine.control.launch import ensure_controller, stop_controller
     from engine.paths import home
+    from engine.process import Child, wait_http_ok
 
     api = f"http://127.0.0.1:{args.port}/api"
     server = Child("prefect-server", [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1",
                                       "--port", str(args.port)], home() / "logs" / "prefect-server.log")
+    controller = None
     try:
         if not wait_http_ok(api + "/health", timeout_s=120, child=server):
             print(f"prefect server did not start: {server.log_tail()}", file=sys.stderr)
             return 1
+        controller = ensure_controller()
         os.environ["PREFECT_API_URL"] = api
         from prefect import serve
 
         from flows.deployments import load_deployments
 
         deployments = load_deployments(PREFECT_YAML)
-        print(f"Prefect UI: http://127.0.0.1:{args.port} - serving {len(deployments)} deployments (Ctrl-C stops)")
+        print(f"Prefect UI: http://127.0.0.1:{args.port} - serving {len(deployments)} deployments against the "
+              f"controller ({'started here' if controller else 'already running'}); Ctrl-C stops", flush=True)
         serve(*deployments, print_starting_message=False)
     except KeyboardInterrupt:
         pass
     finally:
+        if controller is not None and not args.keep_serving:
+            stop_controller(controller)
         server.stop()
     return 0

@@ -6,7 +6,6 @@ group serves yet, and background traffic runs during the canary so its gates hav
 
 from __future__ import annotations
 
-import os
 import threading
 from pathlib import Path
 
@@ -17,11 +16,11 @@ from pydantic import BaseModel, Field
 from engine.canary import CanaryPlan, CanaryStep
 from engine.drills.load import run_load_drill as background_load
 from engine.drills.spec import LoadDrillSpec
-from engine.group.groupset import close_groupsets, get_groupset
+from engine.control.client import ControlClient
 from flows.build_kernels import build_kernels
 from flows.canary_release import CanaryParams, canary_release
 from flows.deploy_group import deploy_group
-from flows.drills import DRILL_KEY_ENV, FaultDrillParams, LoadDrillParams, fault_drill, load_drill
+from flows.drills import FaultDrillParams, LoadDrillParams, fault_drill, fleet_router, load_drill
 from flows.params import DeployParams, WeightsParams
 from flows.publish_weights import publish_weights
 from kernels.spec import BuildRequest
@@ -46,7 +45,6 @@ class ReleaseParams(BaseModel):
     canary_traffic_rps: float = Field(8.0, gt=0, description="background requests/s while the canary runs (0 = none)")
     load: LoadDrillParams = Field(default_factory=lambda: LoadDrillParams(steps=[1.0, 2.0, 4.0], hold_s=4.0))
     fault: FaultDrillParams = Field(default_factory=lambda: FaultDrillParams(repeats=1))
-    keep_serving: bool = Field(False, description="leave the group set running after the flow (a long-lived worker)")
 
 
 class ReleaseSummary(BaseModel):
@@ -69,10 +67,8 @@ def release(params: ReleaseParams = ReleaseParams()) -> ReleaseSummary:
     kernels = build_kernels(params.kernels)
     stable_url = publish_weights(params.stable_weights)
     new_url = publish_weights(params.new_weights)
-    try:
-        serving = {g["name"] for g in get_groupset().admin.groups() if g["weight"] > 0}
-    except KeyError:
-        serving = set()
+    with ControlClient.connect() as client:
+        serving = {g["name"] for g in client.groups() if g["weight"] > 0}
     if params.stable_group not in serving:
         deploy_group(DeployParams(spec_file=params.spec_file, name=params.stable_group, version="v1",
                                   weights_url=stable_url, weight=100.0))
@@ -89,14 +85,13 @@ def release(params: ReleaseParams = ReleaseParams()) -> ReleaseSummary:
     winner = params.new_group if report.decision == "promoted" else params.stable_group
     drill = load_drill(params.load)
     fault = fault_drill(params.fault.model_copy(update={"group": winner}))
+    router_url, _ = fleet_router()
     summary = ReleaseSummary(
-        router=get_groupset().url, kernels_ok=kernels.ok, weights={"v1": stable_url, "v2": new_url},
+        router=router_url, kernels_ok=kernels.ok, weights={"v1": stable_url, "v2": new_url},
         canary_decision=report.decision, canary_reason=report.reason, serving=report.weights,
         load_capacity_rps=drill.capacity_rps, load_sent=drill.sent, load_ok=drill.ok,
         fault_recover_s=[r.recover_s for r in fault.runs], fault_accounted=fault.accounted, canary_traffic=traffic)
     create_markdown_artifact(key="release-summary", markdown=_markdown(summary))
-    if not params.keep_serving:
-        close_groupsets()
     return summary
 
 
@@ -106,9 +101,8 @@ def _background_traffic(params: ReleaseParams, out: dict) -> tuple[threading.Thr
     if params.canary_traffic_rps <= 0:
         return None, stop
     duration = 60.0 + sum(s.max_hold_s for s in params.plan.steps)
-    gs = get_groupset()
-    os.environ[DRILL_KEY_ENV] = gs.client_key
-    spec = LoadDrillSpec(url=gs.url, model="default", api_key_env=DRILL_KEY_ENV, rate=params.canary_traffic_rps,
+    url, key_env = fleet_router()
+    spec = LoadDrillSpec(url=url, model="default", api_key_env=key_env, rate=params.canary_traffic_rps,
                          duration_s=duration, output_len="fixed:16", expectations_suite=None, progress_bar=False)
 
     def run() -> None:

@@ -1,4 +1,5 @@
-"""tidal_scale (cron: morning up, night down) and autoscaler (long-running, metric + schedule policy)."""
+"""tidal_scale (cron: morning up, night down) and autoscaler (the metric + schedule policy, kept running
+by the controller). Both act on the controller's warm pool, whichever process runs them."""
 
 from __future__ import annotations
 
@@ -8,12 +9,11 @@ from pathlib import Path
 from prefect import flow, get_run_logger
 from pydantic import BaseModel, Field
 
-from engine.group.groupset import GroupSetConfig, get_groupset, open_groupset
+from engine.control.client import ControlClient
+from engine.control.models import AutoscalerView
 from engine.group.spec import InferenceGroup
-from engine.scaling.autoscaler import Autoscaler
-from engine.scaling.observe import SetObserver
 from engine.scaling.policy import Bounds, ScalingPolicy
-from engine.scaling.pool import ScaleResult, open_pool
+from engine.scaling.pool import ScaleResult
 from tasks.scaling import scale_to
 
 
@@ -23,52 +23,36 @@ class TidalParams(BaseModel):
     spec_file: Path = Field(Path("deployments/groups/tiny-colocated.yaml"), description="template of the pool's groups")
     bounds: Bounds = Field(default_factory=Bounds)
     warm_pool: int = Field(1, ge=0, description="standby groups kept loaded and warm")
-    groupset: str = Field("default")
-
-
-def _template_and_set(spec_file: Path, groupset: str) -> InferenceGroup:
-    spec = InferenceGroup.from_yaml(spec_file)
-    try:
-        get_groupset(groupset)
-    except KeyError:
-        open_groupset(GroupSetConfig(name=groupset, model_dir=Path(spec.model.expanded_path())))
-    return spec
 
 
 @flow(name="tidal_scale", log_prints=True)
 def tidal_scale(params: TidalParams = TidalParams()) -> ScaleResult:
-    """Scale this worker's pool to `target` serving groups, standby groups first."""
-    template = _template_and_set(params.spec_file, params.groupset)
-    return scale_to(template, params.target, params.bounds, params.warm_pool, params.floor, params.groupset)
+    """Scale the fleet's pool of `spec_file` copies to `target` serving groups, standby groups first."""
+    template = InferenceGroup.from_yaml(params.spec_file)
+    return scale_to(template, params.target, params.bounds, params.warm_pool, params.floor)
 
 
 class AutoscalerParams(BaseModel):
     spec_file: Path = Field(Path("deployments/groups/tiny-colocated.yaml"))
     policy: ScalingPolicy = Field(default_factory=ScalingPolicy)
-    run_for_s: float | None = Field(None, gt=0, description="stop after this long (None = until cancelled)")
-    groupset: str = Field("default")
+    run_for_s: float | None = Field(None, gt=0, description="stop the policy after this long (None: it keeps "
+                                                              "running in the controller after this run ends)")
 
 
 @flow(name="autoscaler", log_prints=True)
-def autoscaler(params: AutoscalerParams = AutoscalerParams()) -> int:
-    """Long-running: one decision per tick; returns the number of scaling decisions taken."""
-    template = _template_and_set(params.spec_file, params.groupset)
-    gs = get_groupset(params.groupset)
-    pool = open_pool(f"{params.groupset}/{template.name}", gs.manager, template, params.policy.bounds,
-                     params.policy.warm_pool)
-    observer = SetObserver(gs.url, gs.client_key, gs.member_key,
-                           lambda: [m.endpoint for g in pool.serving() for m in g.status.members if m.endpoint])
-    scaler = Autoscaler(pool, params.policy, observe=observer if params.policy.metrics else None).start()
+def autoscaler(params: AutoscalerParams = AutoscalerParams()) -> AutoscalerView:
+    """Start the policy in the controller (durable: it survives this run and a controller restart); with
+    `run_for_s`, watch it that long, then stop it. Returns what it decided."""
+    template = InferenceGroup.from_yaml(params.spec_file)
     logger = get_run_logger()
-    seen = 0
-    deadline = None if params.run_for_s is None else time.monotonic() + params.run_for_s
-    try:
-        while deadline is None or time.monotonic() < deadline:
-            time.sleep(params.policy.tick_s)
-            for event in scaler.events[seen:]:
-                logger.info("autoscaler: %s", event.model_dump_json())
-            seen = len(scaler.events)
-    finally:
-        scaler.stop()
-        observer.close()
-    return sum(1 for e in scaler.events if e.result is not None)
+    with ControlClient.connect() as client:
+        view = client.start_autoscaler(template, params.policy)
+        logger.info("autoscaler over pool %s started (tick %gs)", view.name, params.policy.tick_s)
+        if params.run_for_s is None:
+            return view
+        time.sleep(params.run_for_s)
+        view = client.autoscaler(view.name)
+        client.stop_autoscaler(view.name)
+    for event in view.last:
+        logger.info("autoscaler: %s", event)
+    return view

@@ -1,4 +1,8 @@
-"""shift_traffic, collect_metrics, validate_metrics, promote, rollback: the canary, one verb each."""
+"""shift_traffic, collect_metrics, validate_metrics, promote, rollback: the canary, one verb each.
+
+Weights go through the controller (which keeps them as desired state), so a canary run from an event
+trigger acts on the fleet that serves.
+"""
 
 from __future__ import annotations
 
@@ -9,27 +13,39 @@ from prefect.cache_policies import NO_CACHE
 from engine.canary import CanaryPlan, CanaryStep, DirectSource, PrometheusSource
 from engine.canary.gates import GateResult, GateSuite, step_row
 from engine.canary.rollout import CanaryReport, StepReport, conclude, hold_step, shift_weights
-from engine.group.groupset import get_groupset
+from engine.control import discovery
+from engine.control.client import ControlClient
+from engine.control.models import CanaryRecord
 from tasks.retry import BACKOFF, JITTER
 
 
-def _source(groupset: str, prometheus_url: str | None):
-    return PrometheusSource(prometheus_url) if prometheus_url else DirectSource.for_groupset(get_groupset(groupset))
+def _source(client: ControlClient, prometheus_url: str | None):
+    if prometheus_url:
+        return PrometheusSource(prometheus_url)
+    return DirectSource.for_controller(client, client.status().router_url, discovery.router_key())
 
 
 @task(name="shift_traffic", retries=2, retry_delay_seconds=BACKOFF, retry_jitter_factor=JITTER, timeout_seconds=60)
-def shift_traffic(stable: str, canary: str, percent: float, groupset: str = "default") -> None:
-    shift_weights(get_groupset(groupset).admin, stable, canary, percent)
+def shift_traffic(stable: str, canary: str, percent: float, step: int = -1) -> None:
+    """Weights of both groups, and the step recorded in the controller (`tideflow status` shows it)."""
+    with ControlClient.connect() as client:
+        shift_weights(client, stable, canary, percent)
+        client.record_canary(CanaryRecord(stable=stable, canary=canary, step=step, percent=percent))
     get_run_logger().info("traffic: %s %g %%, %s %g %%", canary, percent, stable, 100 - percent)
 
 
 @task(name="collect_metrics", cache_policy=NO_CACHE, timeout_seconds=3600)
 def collect_metrics(stable: str, canary: str, index: int, step: CanaryStep, plan: CanaryPlan, done: list[StepReport],
-                    prometheus_url: str | None = None, groupset: str = "default") -> StepReport:
+                    prometheus_url: str | None = None) -> StepReport:
     """Hold the step: canary vs stable figures, gates checked every second so a bad canary leaves early."""
     logger = get_run_logger()
-    report = hold_step(get_groupset(groupset).admin, stable, canary, index, step, plan, _source(groupset, prometheus_url),
-                       GateSuite(plan.suite), done, lambda e: logger.info("step %d %s: %s", e.step, e.kind, e.message))
+    with ControlClient.connect() as client:
+        source = _source(client, prometheus_url)
+        try:
+            report = hold_step(client, stable, canary, index, step, plan, source, GateSuite(plan.suite), done,
+                               lambda e: logger.info("step %d %s: %s", e.step, e.kind, e.message))
+        finally:
+            source.close()
     create_table_artifact(key=f"canary-step-{index}", description=f"step {index}: canary at {step.percent:g} %",
                           table=[{"group": "canary", **report.canary.model_dump()}, {"group": "stable", **report.stable.model_dump()}])
     return report
@@ -54,23 +70,26 @@ def _short_json(validation: dict) -> str:
     return json.dumps(validation, indent=1, default=str)[:20000]
 
 
-def _conclude(decision: str, stable: str, canary: str, plan: CanaryPlan, steps: list[StepReport], reason: str,
-              groupset: str) -> CanaryReport:
-    gs = get_groupset(groupset)
-    report = conclude(gs, gs.admin, stable, canary, plan, steps, decision, reason, GateSuite(plan.suite), lambda e: None)
+def _conclude(decision: str, stable: str, canary: str, plan: CanaryPlan, steps: list[StepReport],
+              reason: str) -> CanaryReport:
+    with ControlClient.connect() as client:
+        report = conclude(client, client, stable, canary, plan, steps, decision, reason, GateSuite(plan.suite),
+                          lambda e: None)
+        client.record_canary(CanaryRecord(stable=stable, canary=canary, step=steps[-1].index if steps else -1,
+                                          percent=report.weights.get(canary, 0.0) if decision == "promoted" else 0.0,
+                                          decision=decision, reason=reason))
     create_markdown_artifact(key="canary-decision", markdown=f"### {canary} over {stable}: **{decision}**\n\n{reason}\n\n"
                              f"weights after: {report.weights}")
     return report
 
 
 @task(name="promote", retries=2, retry_delay_seconds=BACKOFF, retry_jitter_factor=JITTER, timeout_seconds=300)
-def promote(stable: str, canary: str, plan: CanaryPlan, steps: list[StepReport], groupset: str = "default") -> CanaryReport:
+def promote(stable: str, canary: str, plan: CanaryPlan, steps: list[StepReport]) -> CanaryReport:
     """Canary to 100 %; the stable group is drained and parked (or removed, by plan)."""
-    return _conclude("promoted", stable, canary, plan, steps, f"every step passed its gates ({len(steps)} steps)", groupset)
+    return _conclude("promoted", stable, canary, plan, steps, f"every step passed its gates ({len(steps)} steps)")
 
 
 @task(name="rollback", retries=2, retry_delay_seconds=BACKOFF, retry_jitter_factor=JITTER, timeout_seconds=300)
-def rollback(stable: str, canary: str, plan: CanaryPlan, steps: list[StepReport], reason: str,
-             groupset: str = "default") -> CanaryReport:
+def rollback(stable: str, canary: str, plan: CanaryPlan, steps: list[StepReport], reason: str) -> CanaryReport:
     """Canary to 0 %, stable to 100 %; the canary is kept for inspection (or removed, by plan)."""
-    return _conclude("rolled_back", stable, canary, plan, steps, reason, groupset)
+    return _conclude("rolled_back", stable, canary, plan, steps, reason)

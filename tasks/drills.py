@@ -1,4 +1,4 @@
-"""run_load_drill, run_fault_drill: drills against the group set, results as tables and plots."""
+"""run_load_drill, run_fault_drill: drills against the serving fleet, results as tables and plots."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from engine.drills.fault import FaultDrillReport, FaultDrillSpec, run_fault_dril
 from engine.drills.load import run_load_drill as load_drill
 from engine.drills.results import LoadDrillReport
 from engine.drills.spec import LoadDrillSpec
-from engine.group.groupset import get_groupset
+from engine.control.client import ControlClient
 from tasks.progress import ProgressArtifact
 
 
@@ -43,9 +43,11 @@ def run_load_drill(spec: LoadDrillSpec) -> LoadDrillReport:
 
 
 @task(name="run_fault_drill", cache_policy=NO_CACHE, timeout_seconds=3600)
-def run_fault_drill(spec: FaultDrillSpec, groupset: str = "default") -> FaultDrillReport:
+def run_fault_drill(spec: FaultDrillSpec) -> FaultDrillReport:
+    """The controller kills the member; this process only sends load and watches."""
     logger = get_run_logger()
-    report = fault_drill(get_groupset(groupset), spec, progress=logger.info)
+    with ControlClient.connect() as client:
+        report = fault_drill(client, spec, progress=logger.info)
     create_table_artifact(key="fault-drill", description=f"{spec.target} killed {spec.repeats}x in {spec.group}", table=[
         {"repeat": r.repeat, "killed": r.killed, "eject_ms": None if r.eject_s is None else round(r.eject_s * 1000),
          "recover_s": r.recover_s, "all_members_new": r.all_members_new, "sent": r.load.sent, "ok": r.load.ok,

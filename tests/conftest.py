@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import time
+from pathlib import Path
 
 import pytest
 
 from engine.default_model import DEFAULT_CONFIG, TINY_CONFIG, write_default_model
+from engine.process import start_ticks
 
 
 @pytest.fixture(scope="session")
@@ -32,3 +36,52 @@ def tideflow_home(tmp_path_factory):
         os.environ.pop("TIDEFLOW_HOME", None)
     else:
         os.environ["TIDEFLOW_HOME"] = old
+
+
+def tideflow_processes(home: Path) -> list[int]:
+    """Live processes started for this TIDEFLOW_HOME (their environment names it): what must be gone
+    once a test has stopped its fleet."""
+    needle = f"TIDEFLOW_HOME={home}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if needle in (entry / "environ").read_bytes().split(b"\0") and start_ticks(int(entry.name)) is not None:
+                found.append(int(entry.name))
+        except OSError:
+            continue  # gone meanwhile, or not ours to read
+    return found
+
+
+def assert_nothing_left(home: Path, timeout_s: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while (left := tideflow_processes(home)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not left, [Path(f"/proc/{p}/cmdline").read_bytes().replace(b"\0", b" ")[:200] for p in left]
+
+
+@pytest.fixture(scope="module")
+def controller(tideflow_home, tiny_model_dir):
+    """`tideflow controller` in its own process (as users run it); yields its client. Afterwards
+    `tideflow down` stops the fleet, and no process of this home may be left."""
+    from engine.control.client import ControlClient
+    from engine.control.controller import stop_recorded_fleet
+    from engine.process import free_port, start_service, tideflow_argv
+
+    port = free_port()
+    argv = tideflow_argv("controller", "--port", str(port), "--model-dir", str(tiny_model_dir))
+    child = start_service("controller", argv, tideflow_home / "logs" / "controller.log",
+                          f"http://127.0.0.1:{port}/health", timeout_s=120)
+    client = ControlClient.connect()
+    try:
+        yield client
+    finally:
+        client.close()
+        try:
+            down = subprocess.run(tideflow_argv("down"), capture_output=True, text=True, timeout=180)
+            assert down.returncode == 0, down.stderr
+        finally:
+            child.stop(grace_s=60)
+            stop_recorded_fleet()  # whatever a failed `down` left
+            assert_nothing_left(tideflow_home)

@@ -16,13 +16,13 @@ from __future__ import annotations
 import math
 import time
 from collections import defaultdict
-from typing import Protocol
+from typing import Callable, Protocol
 
-import httpx
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import BaseModel, Field
 
-from engine.router.admin import RouterAdmin
+from engine.http import bearer_client
+from engine.router.admin import scrape_members
 
 QUANTILE = 0.99
 ROUTER_REQUESTS = "tideflow_router_requests_total"
@@ -70,6 +70,8 @@ class MetricsSource(Protocol):
     def mark(self) -> Mark: ...
 
     def figures(self, start: Mark, end: Mark, groups: list[str]) -> dict[str, GroupFigures]: ...
+
+    def close(self) -> None: ...
 
 
 def histogram_quantile(q: float, buckets: dict[float, float]) -> float | None:
@@ -134,35 +136,33 @@ def totals_from_exposition(texts: list[str]) -> dict[str, Totals]:
 
 
 class DirectSource:
-    """Scrapes the router's /metrics and every registered engine endpoint's /metrics at each mark."""
+    """Scrapes the router's /metrics at each mark, plus the members' expositions from `member_texts`
+    (the members' key stays with whoever runs them: a group set in this process, or the controller)."""
 
-    def __init__(self, router_url: str, router_key: str, admin: RouterAdmin | None = None,
-                 engine_key: str | None = None, timeout_s: float = 5.0) -> None:
-        self.router_url, self.admin = router_url.rstrip("/"), admin
-        self._router_headers = {"authorization": f"Bearer {router_key}"}
-        self._engine_headers = {"authorization": f"Bearer {engine_key}"} if engine_key else {}
-        self._client = httpx.Client(trust_env=False, timeout=timeout_s)
+    def __init__(self, router_url: str, router_key: str, member_texts: Callable[[], list[str]] | None = None,
+                 timeout_s: float = 5.0) -> None:
+        self.router_url, self.member_texts = router_url.rstrip("/"), member_texts
+        self._client = bearer_client(router_key, timeout_s=timeout_s)
+        self._closers: list[Callable[[], None]] = []
 
     @classmethod
     def for_groupset(cls, groupset) -> "DirectSource":
         """Router and members of a LocalGroupSet, with the keys it holds."""
-        return cls(groupset.url, groupset.client_key, groupset.admin, groupset.backend.api_key)
+        members = bearer_client(groupset.member_key)
+        source = cls(groupset.url, groupset.client_key, lambda: scrape_members(members, groupset.admin.groups()))
+        source._closers.append(members.close)
+        return source
 
-    def _scrape(self, url: str, headers: dict[str, str]) -> str:
-        r = self._client.get(url + "/metrics", headers=headers)
-        r.raise_for_status()
-        return r.text
+    @classmethod
+    def for_controller(cls, client, router_url: str, router_key: str) -> "DirectSource":
+        """Router scraped here; members scraped by the controller, which holds their key."""
+        return cls(router_url, router_key, client.member_metrics)
 
     def mark(self) -> Mark:
         at = time.time()
-        texts = [self._scrape(self.router_url, self._router_headers)]
-        if self.admin is not None:
-            for group in self.admin.groups():
-                for e in group["endpoints"]:
-                    try:
-                        texts.append(self._scrape(e["url"], self._engine_headers))
-                    except httpx.HTTPError:
-                        continue  # a member being rebuilt: its 5xx count is missing from this mark only
+        r = self._client.get(self.router_url + "/metrics")
+        r.raise_for_status()
+        texts = [r.text, *(self.member_texts() if self.member_texts is not None else [])]
         return Mark(at=at, totals=totals_from_exposition(texts))
 
     def figures(self, start: Mark, end: Mark, groups: list[str]) -> dict[str, GroupFigures]:
@@ -179,6 +179,8 @@ class DirectSource:
 
     def close(self) -> None:
         self._client.close()
+        for close in self._closers:
+            close()
 
 
 # -- Prometheus: PromQL over the same series ---------------------------------------------------------------
@@ -197,6 +199,9 @@ class PrometheusSource:
         from prometheus_api_client import PrometheusConnect
 
         self._prom = PrometheusConnect(url=url, headers=headers, disable_ssl=True, timeout=timeout_s)
+
+    def close(self) -> None:
+        """Nothing held open: each query is its own request."""
 
     def mark(self) -> Mark:
         return Mark(at=time.time())
@@ -228,3 +233,4 @@ class PrometheusSource:
         return {g: _figures(g, versions.get(g, ""), requests.get(g, 0.0) + failed.get(g, 0.0),
                             errors.get(g, 0.0) + failed.get(g, 0.0), tokens.get(g, 0.0), ttft.get(g), tpot.get(g), e - s)
                 for g in groups}
+

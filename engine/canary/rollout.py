@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Callable, Literal
+from typing import Any, Callable, Literal, Protocol
 
 from pydantic import BaseModel, Field
 
@@ -17,8 +17,6 @@ from engine.canary.gates import GateResult, GateSuite, step_row
 from engine.canary.metrics import GroupFigures, MetricsSource
 from engine.canary.plan import CanaryPlan, CanaryStep
 from engine.errors import TideflowError
-from engine.group.groupset import LocalGroupSet
-from engine.router.admin import RouterAdmin
 
 log = logging.getLogger(__name__)
 
@@ -69,13 +67,40 @@ class CanaryEvent(BaseModel):
 
 
 Progress = Callable[[CanaryEvent], None]
-Target = LocalGroupSet | RouterAdmin
+
+
+class RouterVerbs(Protocol):
+    """What the canary asks of the router: RouterAdmin, or the controller's client (which also stores weights)."""
+
+    url: str
+
+    def set_weights(self, weights: dict[str, float]) -> dict[str, float]: ...
+
+    def groups(self) -> list[dict]: ...
+
+    def inflight(self, name: str) -> int: ...
+
+
+class FleetVerbs(Protocol):
+    """What the canary asks of whoever runs the groups: a LocalGroupSet, or the controller's client."""
+
+    def park(self, name: str, drain_s: float) -> float: ...
+
+    def delete(self, name: str, drain_s: float) -> None: ...
+
+
+Target = Any  # a FleetVerbs with an `admin` (LocalGroupSet), one that is both (ControlClient), or RouterVerbs only
+
+
+def _verbs(target: Target) -> tuple[RouterVerbs, FleetVerbs | None]:
+    admin = getattr(target, "admin", target)
+    return admin, (target if hasattr(target, "park") and hasattr(target, "delete") else None)
 
 
 def run_canary(target: Target, stable: str, canary: str, plan: CanaryPlan, source: MetricsSource,
                progress: Progress | None = None) -> CanaryReport:
-    """Roll `canary` out over `stable` in `target` (a group set, or just its router) following `plan`."""
-    admin = target.admin if isinstance(target, LocalGroupSet) else target
+    """Roll `canary` out over `stable` in `target` (the controller, a group set, or just a router) following `plan`."""
+    admin, _ = _verbs(target)
     names = {g["name"] for g in admin.groups()}
     missing = sorted({stable, canary} - names)
     if missing:
@@ -95,7 +120,7 @@ def run_canary(target: Target, stable: str, canary: str, plan: CanaryPlan, sourc
     return conclude(target, admin, stable, canary, plan, steps, decision, reason, gates, notify)
 
 
-def _steps(admin: RouterAdmin, stable: str, canary: str, plan: CanaryPlan, source: MetricsSource, gates: GateSuite,
+def _steps(admin: RouterVerbs, stable: str, canary: str, plan: CanaryPlan, source: MetricsSource, gates: GateSuite,
            steps: list[StepReport], notify: Progress) -> tuple[Decision, str]:
     """Hold every step in turn (appending to `steps`); the decision and why, at the first failing step."""
     for index, step in enumerate(plan.steps):
@@ -110,11 +135,11 @@ def _steps(admin: RouterAdmin, stable: str, canary: str, plan: CanaryPlan, sourc
     return "promoted", f"every step passed its gates ({len(steps)} steps)"
 
 
-def shift_weights(admin: RouterAdmin, stable: str, canary: str, percent: float) -> None:
+def shift_weights(admin: RouterVerbs, stable: str, canary: str, percent: float) -> None:
     admin.set_weights({canary: percent, stable: 100.0 - percent})
 
 
-def hold_step(admin: RouterAdmin, stable: str, canary: str, index: int, step: CanaryStep, plan: CanaryPlan,
+def hold_step(admin: RouterVerbs, stable: str, canary: str, index: int, step: CanaryStep, plan: CanaryPlan,
           source: MetricsSource, gates: GateSuite, done: list[StepReport], notify: Progress) -> StepReport:
     """Judge the step's window (its weights already set) until the hold passes or a gate fails."""
     started_at, t0 = time.time(), time.monotonic()
@@ -151,17 +176,21 @@ def _baseline(stable: GroupFigures, index: int, step: CanaryStep, done: list[Ste
     return last.stable, last.baseline_step
 
 
-def conclude(target: Target, admin: RouterAdmin, stable: str, canary: str, plan: CanaryPlan, steps: list[StepReport],
+def conclude(target: Target, admin: RouterVerbs, stable: str, canary: str, plan: CanaryPlan, steps: list[StepReport],
             decision: Decision, reason: str, gates: GateSuite, notify: Progress) -> CanaryReport:
     promoted = decision == "promoted"
     shift_weights(admin, stable, canary, 100.0 if promoted else 0.0)
     leaving = stable if promoted else canary
     _drain(admin, leaving, plan.drain_s)
     action = plan.on_promote if promoted else plan.on_rollback
+    _, fleet = _verbs(target)
     if action == "remove":
-        _remove(target, admin, leaving, plan.drain_s)
-    elif action == "park" and isinstance(target, LocalGroupSet) and leaving in target.manager.groups:
-        target.manager.groups[leaving].park(plan.drain_s)  # to the warm pool: loaded, KV released, not routed
+        if fleet is not None:
+            fleet.delete(leaving, plan.drain_s)
+        else:
+            admin.deregister(leaving)  # only a router: take it out of routing
+    elif action == "park" and fleet is not None:
+        fleet.park(leaving, plan.drain_s)  # to the warm pool: loaded, KV released, not routed
     last = steps[-1]
     notify(CanaryEvent(kind=decision, step=last.index, percent=last.percent, message=reason))
     log.info("canary %s over %s: %s (%s)", canary, stable, decision, reason)
@@ -170,15 +199,7 @@ def conclude(target: Target, admin: RouterAdmin, stable: str, canary: str, plan:
                         suite=gates.name)
 
 
-def _drain(admin: RouterAdmin, name: str, drain_s: float) -> None:
+def _drain(admin: RouterVerbs, name: str, drain_s: float) -> None:
     deadline = time.monotonic() + drain_s
     while admin.inflight(name) and time.monotonic() < deadline:
         time.sleep(0.05)
-
-
-def _remove(target: Target, admin: RouterAdmin, name: str, drain_s: float) -> None:
-    """Stop a group's members when we own them (a group set); otherwise take it out of the router."""
-    if isinstance(target, LocalGroupSet) and name in target.manager.groups:
-        target.manager.groups[name].drain_and_stop(drain_s)
-    else:
-        admin.deregister(name)

@@ -11,8 +11,8 @@ from typing import Annotated, Callable
 from fastapi import APIRouter, Depends, FastAPI, Path, Query
 
 from engine.control.controller import ControlError, Controller
-from engine.control.models import (GROUP_NAME, ApplyGroup, FleetStatus, GroupView, Killed, KillMember, ParkBody,
-                                   ScalePool, Seconds, WeightsBody)
+from engine.control.models import (GROUP_NAME, ApplyGroup, AutoscalerBody, AutoscalerView, CanaryRecord, FleetStatus,
+                                   GroupView, Killed, KillMember, ParkBody, ScalePool, Seconds, WeightsBody)
 from engine.control.store import Event
 from engine.scaling.pool import ScaleResult
 from engine.server.auth import BearerAuth
@@ -77,6 +77,24 @@ def create_control_app(controller: Controller, on_down: Callable[[], None]) -> F
     @api.post("/v1/pools/scale")
     def scale(body: ScalePool) -> ScaleResult:
         return call(controller.scale_pool, body)
+
+    @api.put("/v1/autoscalers")
+    def start_autoscaler(body: AutoscalerBody) -> AutoscalerView:
+        return call(controller.start_autoscaler, body)
+
+    @api.get("/v1/autoscalers/{name}")
+    def autoscaler(name: GroupName) -> AutoscalerView:
+        return call(controller.autoscaler_view, name)
+
+    @api.delete("/v1/autoscalers/{name}")
+    def stop_autoscaler(name: GroupName) -> dict:
+        if not controller.stop_autoscaler(name):
+            raise APIError(404, f"no autoscaler over pool {name!r}")
+        return {"stopped": name}
+
+    @api.put("/v1/canary")
+    def canary(body: CanaryRecord) -> CanaryRecord:
+        return controller.record_canary(body)
 
     @api.get("/v1/router/groups")
     def router_groups() -> dict:

@@ -8,13 +8,14 @@ import time
 import httpx
 
 from engine.control import discovery
-from engine.control.models import (ApplyGroup, FleetStatus, GroupView, Killed, KillMember, ParkBody, ScalePool,
-                                   Seconds)
+from engine.control.models import (ApplyGroup, AutoscalerBody, AutoscalerView, CanaryRecord, FleetStatus, GroupView,
+                                   Killed, KillMember, ParkBody, ScalePool, Seconds)
 from engine.control.store import Event
 from engine.errors import TideflowError
 from engine.group.manager import GroupState
 from engine.group.spec import InferenceGroup
 from engine.http import bearer_client
+from engine.scaling.policy import ScalingPolicy
 from engine.scaling.pool import ScaleResult
 
 
@@ -85,6 +86,20 @@ class ControlClient:
     def scale_pool(self, body: ScalePool) -> ScaleResult:
         return ScaleResult.model_validate(self._call("POST", "/v1/pools/scale", content=body.model_dump_json(),
                                                      headers={"content-type": "application/json"}))
+
+    def start_autoscaler(self, template: InferenceGroup, policy: ScalingPolicy) -> AutoscalerView:
+        body = AutoscalerBody(template=template, policy=policy)
+        return AutoscalerView.model_validate(self._call("PUT", "/v1/autoscalers", content=body.model_dump_json(),
+                                                        headers={"content-type": "application/json"}))
+
+    def autoscaler(self, name: str) -> AutoscalerView:
+        return AutoscalerView.model_validate(self._call("GET", f"/v1/autoscalers/{name}"))
+
+    def stop_autoscaler(self, name: str) -> None:
+        self._call("DELETE", f"/v1/autoscalers/{name}")
+
+    def record_canary(self, record: CanaryRecord) -> CanaryRecord:
+        return CanaryRecord.model_validate(self._call("PUT", "/v1/canary", json=record.model_dump()))
 
     def events(self, limit: int = 200) -> list[Event]:
         return [Event.model_validate(e) for e in self._call("GET", "/v1/events", params={"limit": limit})]

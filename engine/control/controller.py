@@ -12,23 +12,27 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from collections import defaultdict
 from pathlib import Path
 
-import httpx
 from pydantic import BaseModel, Field
 
-from engine.control.models import ApplyGroup, FleetStatus, GroupView, Killed, KillMember, MemberView, ScalePool
+from engine.control.models import (ApplyGroup, AutoscalerBody, AutoscalerView, CanaryRecord, FleetStatus, GroupView,
+                                   Killed, KillMember, MemberView, ScalePool)
 from engine.control.store import DesiredGroup, RouterRecord, Store
 from engine.group.backend import BackendError
 from engine.group.local import LocalProcessBackend, MemberRecord
 from engine.group.manager import GroupManager, GroupState, ManagedGroup, SupervisionPolicy
-from engine.group.spec import Member
+from engine.group.spec import InferenceGroup, Member
 from engine.http import bearer_client
 from engine.paths import home
 from engine.process import Adopted, Child, adopt, free_port, start_service, tideflow_argv, wait_http_ok
-from engine.router.admin import RouterAdmin, RouterAdminError
+from engine.router.admin import RouterAdmin, RouterAdminError, scrape_members
 from engine.router.app import ADMIN_KEYS_ENV, UPSTREAM_KEY_ENV
+from engine.scaling.autoscaler import Autoscaler
+from engine.scaling.observe import SetObserver
+from engine.scaling.policy import Bounds
 from engine.scaling.pool import ScaleResult, WarmPool
 
 log = logging.getLogger(__name__)
@@ -69,6 +73,7 @@ class Controller:
         self._stop = threading.Event()
         self._stoppers: dict[str, threading.Thread] = {}
         self.pools: dict[str, WarmPool] = {}
+        self.autoscalers: dict[str, tuple[Autoscaler, SetObserver]] = {}
         self.router: Child | Adopted | None = None
         self.router_url = ""
         self.backend = LocalProcessBackend(config.model_dir, self._member_key, config.model_name, home() / "logs",
@@ -87,6 +92,9 @@ class Controller:
         self.manager = GroupManager(self.backend, self.admin, self.config.policy, home() / "groups",
                                     member_key=self._member_key)
         self._adopt_groups()
+        for name, body in self.store.autoscalers().items():
+            self.start_autoscaler(AutoscalerBody.model_validate_json(body), record=False)
+            self.store.event("autoscaler", f"resumed over pool {name}")
         self._thread.start()
         return self
 
@@ -238,6 +246,7 @@ class Controller:
                 self.store.put_group(desired[name].model_copy(update={"weight": w}))
                 if name in self.manager.groups:
                     self.manager.groups[name].weight = w
+            self.store.event("weights", ", ".join(f"{n} {w:g}" for n, w in sorted(weights.items())))
             try:
                 return self.admin.set_weights(weights)
             except RouterAdminError as exc:
@@ -284,19 +293,64 @@ class Controller:
 
     def scale_pool(self, body: ScalePool) -> ScaleResult:
         with self._lock:
-            pool = self.pools.get(body.template.name)
-            if pool is None or pool.template != body.template or pool.bounds != body.bounds:
-                pool = self.pools[body.template.name] = WarmPool(self.manager, body.template, body.bounds, body.warm_pool)
-            pool.warm_pool = body.warm_pool
-            result = pool.scale_to(body.target, body.floor)
-            for g in pool.groups():
-                if g.spec.name in result.stopped or g.status.state in _GONE:
-                    self.store.delete_group(g.spec.name)
-                else:
-                    self._sync_desired(g)
-            self.store.event("scale", f"pool {body.template.name} -> {result.target}: serving {result.serving}, "
-                                      f"standby {result.standby}, activated {result.activated}, parked {result.parked}")
-            return result
+            pool = self._pool(body.template, body.bounds, body.warm_pool)
+            return self._scale(pool, body.target, body.floor)
+
+    def _pool(self, template: InferenceGroup, bounds: Bounds, warm_pool: int) -> WarmPool:
+        """The warm pool of `template` (its groups are <name>-<i>: a restarted controller finds them again)."""
+        pool = self.pools.get(template.name)
+        if pool is None or pool.template != template or pool.bounds != bounds:
+            pool = self.pools[template.name] = WarmPool(self.manager, template, bounds, warm_pool)
+        pool.warm_pool = warm_pool
+        return pool
+
+    def _scale(self, pool: WarmPool, target: int, floor: int | None) -> ScaleResult:
+        """scale_to, then the pool's groups written back as desired state (caller holds the lock)."""
+        result = pool.scale_to(target, floor)
+        for g in pool.groups():
+            if g.spec.name in result.stopped or g.status.state in _GONE:
+                self.store.delete_group(g.spec.name)
+            else:
+                self._sync_desired(g)
+        if result.changed:
+            self.store.event("scale", f"pool {pool.template.name} -> {result.target}: serving {result.serving}, "
+                                      f"standby {result.standby}, activated {result.activated}, parked {result.parked}, "
+                                      f"cold-started {result.cold_started}, stopped {result.stopped}")
+        return result
+
+    # -- the autoscaler policy, kept running by the controller ------------------------------------------
+    def start_autoscaler(self, body: AutoscalerBody, record: bool = True) -> AutoscalerView:
+        name = body.template.name
+        with self._lock:
+            self.stop_autoscaler(name, forget=False)
+            pool = self._pool(body.template, body.policy.bounds, body.policy.warm_pool)
+            observer = SetObserver(self.router_url, self.client_key, self._member_key,
+                                   lambda: [m.endpoint for g in pool.serving() for m in g.status.members if m.endpoint])
+            scaler = Autoscaler(_LockedPool(self, pool), body.policy,
+                                observe=observer if body.policy.metrics else None).start()
+            self.autoscalers[name] = (scaler, observer)
+            if record:
+                self.store.put_autoscaler(name, body.model_dump_json())
+                self.store.event("autoscaler", f"started over pool {name} (tick {body.policy.tick_s:g}s)")
+            return self.autoscaler_view(name)
+
+    def stop_autoscaler(self, name: str, forget: bool = True) -> bool:
+        running = self.autoscalers.pop(name, None)
+        if running is not None:
+            running[0].stop()
+            running[1].close()
+        known = self.store.delete_autoscaler(name) if forget else False
+        if forget and (running or known):
+            self.store.event("autoscaler", f"stopped over pool {name}")
+        return running is not None or known
+
+    def autoscaler_view(self, name: str) -> AutoscalerView:
+        if name not in self.autoscalers:
+            raise ControlError(404, f"no autoscaler over pool {name!r}")
+        scaler = self.autoscalers[name][0]
+        events = list(scaler.events)
+        return AutoscalerView(name=name, policy=scaler.policy, decisions=sum(1 for e in events if e.result is not None),
+                              last=[e.model_dump(mode="json") for e in events[-20:]])
 
     def _sync_desired(self, g: ManagedGroup) -> None:
         self.store.put_group(DesiredGroup(spec=g.spec, weight=g.weight, standby=g.standby))
@@ -328,21 +382,22 @@ class Controller:
     def status(self) -> FleetStatus:
         with self._lock:
             names = sorted(self.manager.groups)
-        return FleetStatus(router_url=self.router_url, controller_pid=os.getpid(), groups=[self.view(n) for n in names])
+        canary = self.store.canary()
+        return FleetStatus(router_url=self.router_url, router_pid=self.router.pid if self.router else None,
+                           controller_pid=os.getpid(), groups=[self.view(n) for n in names],
+                           canary=CanaryRecord.model_validate_json(canary) if canary else None)
+
+    def record_canary(self, record: CanaryRecord) -> CanaryRecord:
+        record = record.model_copy(update={"at": time.time()})
+        self.store.put_canary(record.model_dump_json())
+        what = record.decision or f"step {record.step} at {record.percent:g} %"
+        self.store.event("canary", f"{record.canary} over {record.stable}: {what} {record.reason}".strip())
+        return record
 
     def member_metrics(self) -> list[str]:
         """Prometheus expositions of every routed member (the canary's direct source reads them)."""
-        texts = []
         with bearer_client(self._member_key) as c:
-            for g in self.admin.groups():
-                for e in g["endpoints"]:
-                    try:
-                        r = c.get(e["url"] + "/metrics")
-                        r.raise_for_status()
-                        texts.append(r.text)
-                    except httpx.HTTPError:
-                        continue  # a member being rebuilt: missing from this mark only
-        return texts
+            return scrape_members(c, self.admin.groups())
 
     # -- shutdown ------------------------------------------------------------------------------------
     def close(self, stop_fleet: bool, drain_s: float = 5.0) -> None:
@@ -351,6 +406,8 @@ class Controller:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout=30)
+        for name in list(self.autoscalers):
+            self.stop_autoscaler(name, forget=stop_fleet)
         if stop_fleet:
             with self._lock:
                 for name in self.store.groups():
@@ -365,6 +422,21 @@ class Controller:
                 self.store.event("down", "every group and the router stopped")
         if self.admin is not None:
             self.admin.close()
+
+
+class _LockedPool:
+    """What the autoscaler scales: the controller's pool, each step under the controller's lock and
+    written back as desired state, exactly as an API call would do it."""
+
+    def __init__(self, controller: Controller, pool: WarmPool) -> None:
+        self.controller, self.pool = controller, pool
+
+    def capacity(self) -> int:
+        return self.pool.capacity()
+
+    def scale_to(self, n: int, floor: int | None = None) -> ScaleResult:
+        with self.controller._lock:
+            return self.controller._scale(self.pool, n, floor)
 
 
 def _by_handle(records: list[MemberRecord]) -> dict[str, list[MemberRecord]]:

@@ -8,7 +8,7 @@ from pydantic import BaseModel, Field
 
 from engine.group.manager import GroupState
 from engine.group.spec import InferenceGroup, Role
-from engine.scaling.policy import Bounds
+from engine.scaling.policy import Bounds, ScalingPolicy
 
 GROUP_NAME = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"  # a DNS-1123 label, as Kubernetes names objects
 
@@ -70,10 +70,24 @@ class GroupView(BaseModel):
     members: list[MemberView] = Field(default_factory=list)
 
 
+class CanaryRecord(BaseModel):
+    """The latest canary rollout as its flow reported it: in progress (decision None) or decided."""
+
+    stable: str
+    canary: str
+    step: int = Field(ge=-1, description="index of the step being held; -1 before the first")
+    percent: float = Field(ge=0, le=100, allow_inf_nan=False)
+    decision: Literal["promoted", "rolled_back"] | None = None
+    reason: str = ""
+    at: float = Field(0.0, description="unix time of the last update (set by the controller)")
+
+
 class FleetStatus(BaseModel):
     router_url: str
+    router_pid: int | None = Field(None, description="the router process on the local backend")
     controller_pid: int
     groups: list[GroupView]
+    canary: CanaryRecord | None = Field(None, description="the latest canary rollout")
 
 
 class ParkBody(BaseModel):
@@ -82,3 +96,17 @@ class ParkBody(BaseModel):
 
 class Seconds(BaseModel):
     seconds: float
+
+
+class AutoscalerBody(BaseModel):
+    """Run the metric + schedule policy over the warm pool of copies of `template`, until stopped."""
+
+    template: InferenceGroup
+    policy: ScalingPolicy = Field(default_factory=ScalingPolicy)
+
+
+class AutoscalerView(BaseModel):
+    name: str = Field(description="the template's name: one autoscaler per pool")
+    policy: ScalingPolicy
+    decisions: int = Field(description="ticks whose target differed from the serving count")
+    last: list[dict] = Field(default_factory=list, description="the latest scaling events, newest last")

@@ -29,6 +29,8 @@ CREATE INDEX IF NOT EXISTS members_handle ON members (handle_id);
 CREATE TABLE IF NOT EXISTS router (id INTEGER PRIMARY KEY CHECK (id = 1), pid INTEGER, ticks INTEGER, port INTEGER,
                                    log_path TEXT);
 CREATE TABLE IF NOT EXISTS secrets (name TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS autoscalers (name TEXT PRIMARY KEY, body TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS canary (id INTEGER PRIMARY KEY CHECK (id = 1), body TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS events (at REAL NOT NULL, kind TEXT NOT NULL, message TEXT NOT NULL);
 """
 
@@ -89,6 +91,17 @@ class Store:
             out[g.spec.name] = g
         return out
 
+    # -- autoscaler policies (desired: running until stopped) ---------------------------------------
+    def put_autoscaler(self, name: str, body_json: str) -> None:
+        self._run("INSERT OR REPLACE INTO autoscalers VALUES (?, ?)", (name, body_json))
+
+    def delete_autoscaler(self, name: str) -> bool:
+        with self._lock:
+            return self._db.execute("DELETE FROM autoscalers WHERE name = ?", (name,)).rowcount > 0
+
+    def autoscalers(self) -> dict[str, str]:
+        return dict(self._run("SELECT name, body FROM autoscalers ORDER BY name"))
+
     # -- process ledger (ProcessLedger of the local backend) ------------------------------------
     def record(self, rec: MemberRecord) -> None:
         self._run("INSERT INTO members VALUES (?, ?)", (rec.handle_id, rec.model_dump_json()))
@@ -108,6 +121,14 @@ class Store:
     def router(self) -> RouterRecord | None:
         rows = self._run("SELECT pid, ticks, port, log_path FROM router")
         return RouterRecord(pid=rows[0][0], ticks=rows[0][1], port=rows[0][2], log_path=rows[0][3]) if rows else None
+
+    # -- the latest canary ------------------------------------------------------------------------------
+    def put_canary(self, body_json: str) -> None:
+        self._run("INSERT OR REPLACE INTO canary VALUES (1, ?)", (body_json,))
+
+    def canary(self) -> str | None:
+        rows = self._run("SELECT body FROM canary")
+        return rows[0][0] if rows else None
 
     # -- secrets and events -----------------------------------------------------------------------
     def secret(self, name: str) -> str:

@@ -109,10 +109,11 @@ def _print_steps(report) -> None:
 
 
 def _add_fault(kinds: argparse._SubParsersAction) -> None:
-    p = kinds.add_parser("fault", help="bring a group up, kill one of its members under load, measure the rebuild",
-                         description="Starts a router and the group on loopback, runs Poisson load through the router, "
-                                     "SIGKILLs one member per repeat and reports ejection and recovery times; every "
-                                     "request is accounted for (sent == ok + error).")
+    p = kinds.add_parser("fault", help="kill one member of a group under load (through the controller), measure the rebuild",
+                         description="Brings the spec's group up through the controller (one is started when none "
+                                     "answers), runs Poisson load through the router, has the controller SIGKILL one "
+                                     "member per repeat and reports ejection and recovery times; every request is "
+                                     "accounted for (sent == ok + error). The group is deleted afterwards.")
     p.add_argument("spec", type=Path, help="InferenceGroup spec (YAML)")
     p.add_argument("--model", type=Path, default=None, help="checkpoint dir (default: the spec's model.path)")
     p.add_argument("--target", choices=["prefill", "decode", "colocated", "encoder", "expert"], default="decode")
@@ -127,26 +128,38 @@ def _add_fault(kinds: argparse._SubParsersAction) -> None:
 def _fault(args: argparse.Namespace) -> int:
     import os
 
+    from engine.control import discovery
+    from engine.control.client import ControlClient
+    from engine.control.launch import ensure_controller, stop_controller
     from engine.drills.fault import FaultDrillSpec, run_fault_drill
     from engine.drills.spec import LoadDrillSpec
-    from engine.group.groupset import GroupSetConfig, LocalGroupSet
     from engine.group.manager import GroupState
     from engine.group.spec import InferenceGroup
 
     spec = InferenceGroup.from_yaml(args.spec)
-    model_dir = args.model or Path(spec.model.expanded_path())
     if args.model:
         spec = spec.model_copy(update={"model": spec.model.model_copy(update={"path": str(args.model)})})
-    with LocalGroupSet(GroupSetConfig(model_dir=model_dir)) as gs:
-        group = gs.up(spec)
-        if group.wait_for({GroupState.READY, GroupState.FAILED}, 600) != GroupState.READY:
-            print(f"drill fault: group {spec.name} did not come up: {group.status.events[-1].message}", file=sys.stderr)
-            return 1
-        os.environ["TIDEFLOW_DRILL_KEY"] = gs.client_key
-        load = LoadDrillSpec(url=gs.url, model="default", api_key_env="TIDEFLOW_DRILL_KEY", rate=args.rate,
-                             duration_s=args.duration, expectations_suite=None, progress_bar=False)
-        report = run_fault_drill(gs, FaultDrillSpec(group=spec.name, target=args.target, repeats=args.repeats,
-                                                    kill_after_s=args.kill_after, load=load), progress=print)
+    started = ensure_controller()
+    try:
+        with ControlClient.connect() as client:
+            client.apply(spec)
+            try:
+                view = client.wait_for(spec.name, {GroupState.READY, GroupState.FAILED}, 600)
+                if view.state != GroupState.READY:
+                    print(f"drill fault: group {spec.name} did not come up: {view.message}", file=sys.stderr)
+                    return 1
+                os.environ["TIDEFLOW_DRILL_KEY"] = discovery.router_key()
+                load = LoadDrillSpec(url=client.status().router_url, model="default", api_key_env="TIDEFLOW_DRILL_KEY",
+                                     rate=args.rate, duration_s=args.duration, expectations_suite=None,
+                                     progress_bar=False)
+                report = run_fault_drill(client, FaultDrillSpec(group=spec.name, target=args.target,
+                                                                repeats=args.repeats, kill_after_s=args.kill_after,
+                                                                load=load), progress=print)
+            finally:
+                client.delete(spec.name)
+    finally:
+        if started is not None:
+            stop_controller(started)
     print(f"sent {report.sent} = ok {report.ok} + error {report.errors}: "
           f"{'every request accounted for' if report.accounted else 'REQUESTS UNACCOUNTED'}")
     for why, n in report.error_reasons.items():

@@ -1,16 +1,15 @@
 """Fault drills: under load, kill a member (SIGKILL) and prove the group is rebuilt whole.
 
-Each repeat: open-loop load runs against the router; one member of the chosen role is killed;
-we measure how long until the router stops sending to the group (ejection) and until the
-manager has the group Ready again with every member new. Every request is accounted for:
-sent == ok + error, each error with its reason.
+Each repeat: open-loop load runs against the router; the controller kills one member of the chosen
+role (the drill needs no pid or process of its own, so it runs from any flow process); we measure
+how long until the router stops sending to the group (ejection) and until the controller has the
+group Ready again with every member new. Every request is accounted for: sent == ok + error, each
+error with its reason.
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
 import time
 from typing import Callable, Literal
 
@@ -19,8 +18,8 @@ from pydantic import BaseModel, Field
 from engine.drills.load import run_load_drill_async
 from engine.drills.results import LoadDrillReport
 from engine.drills.spec import LoadDrillSpec
+from engine.control.client import ControlAPIError, ControlClient
 from engine.errors import TideflowError
-from engine.group.groupset import LocalGroupSet
 from engine.group.manager import GroupState
 
 Target = Literal["prefill", "decode", "colocated", "encoder", "expert"]
@@ -62,17 +61,19 @@ class FaultDrillReport(BaseModel):
         return self.sent == self.ok + self.errors
 
 
-def run_fault_drill(groupset: LocalGroupSet, spec: FaultDrillSpec,
+def run_fault_drill(client: ControlClient, spec: FaultDrillSpec,
                     progress: Callable[[str], None] | None = None) -> FaultDrillReport:
     say = progress or (lambda _m: None)
-    managed = groupset.manager.groups.get(spec.group)
-    if managed is None:
-        raise FaultDrillError(f"no group {spec.group!r} in this group set")
+    try:
+        client.group(spec.group)
+    except ControlAPIError as exc:
+        raise FaultDrillError(f"no group {spec.group!r} in the fleet: {exc}") from None
     runs = []
     for repeat in range(spec.repeats):
-        if managed.wait_for({GroupState.READY}, spec.recovery_timeout_s) != GroupState.READY:
-            raise FaultDrillError(f"group {spec.group} is {managed.status.state.value}, not Ready: cannot drill")
-        runs.append(asyncio.run(_one(groupset, managed, spec, repeat)))
+        view = client.wait_for(spec.group, {GroupState.READY, GroupState.FAILED}, spec.recovery_timeout_s)
+        if view.state != GroupState.READY:
+            raise FaultDrillError(f"group {spec.group} is {view.state.value}, not Ready: cannot drill")
+        runs.append(asyncio.run(_one(client, spec, repeat)))
         r = runs[-1]
         say(f"repeat {repeat}: killed {r.killed}; ejected in {_ms(r.eject_s)}, Ready again in {_s(r.recover_s)}, "
             f"{r.load.ok}/{r.load.sent} ok")
@@ -86,36 +87,33 @@ def run_fault_drill(groupset: LocalGroupSet, spec: FaultDrillSpec,
                             errors=sum(r.load.error for r in runs), error_reasons=reasons)
 
 
-def _victim(groupset: LocalGroupSet, handle, target: Target) -> tuple[str, int, set[int]]:
-    pids = groupset.backend.pids(handle)
-    if target == "expert":
-        candidates = [(m, p) for m, p in pids.items() if m.size > 1 and m.rank > 0]
-    else:
-        candidates = [(m, p) for m, p in pids.items() if m.role == target]
-    if not candidates:
-        raise FaultDrillError(f"the group has no {target} member to kill")
-    member, pid = sorted(candidates, key=lambda mp: (mp[0].instance, mp[0].rank))[0]
-    return f"{member.role}/{member.instance}/{member.rank} pid {pid}", pid, set(pids.values())
-
-
-async def _one(groupset: LocalGroupSet, managed, spec: FaultDrillSpec, repeat: int) -> FaultRun:
-    handle = managed.status.handle
-    killed, pid, before = _victim(groupset, handle, spec.target)
+async def _one(client: ControlClient, spec: FaultDrillSpec, repeat: int) -> FaultRun:
+    view = client.group(spec.group)
+    if not any(m.role == spec.target or (spec.target == "expert" and m.rank > 0) for m in view.members):
+        raise FaultDrillError(f"the group has no {spec.target} member to kill")
     load = asyncio.create_task(run_load_drill_async(spec.load.model_copy(update={"seed": spec.load.seed + repeat})))
     await asyncio.sleep(spec.kill_after_s)
-    os.kill(pid, signal.SIGKILL)
+    try:
+        killed = await asyncio.to_thread(client.kill, spec.group, spec.target)
+    except ControlAPIError as exc:
+        load.cancel()
+        raise FaultDrillError(f"could not kill a {spec.target} member of {spec.group}: {exc}") from None
     t_kill = time.monotonic()
-    eject_s = await _until(lambda: not _routable(groupset, spec.group), spec.recovery_timeout_s, t_kill)
-    recover_s = await _until(lambda: managed.status.state == GroupState.READY and managed.status.handle != handle,
-                             spec.recovery_timeout_s, t_kill)
+    eject_s = await _until(lambda: not _routable(client, spec.group), spec.recovery_timeout_s, t_kill)
+    recover_s = await _until(lambda: _rebuilt(client, spec.group, killed.handle), spec.recovery_timeout_s, t_kill)
     report = await load
-    after = set(groupset.backend.pids(managed.status.handle).values()) if recover_s is not None else set()
-    return FaultRun(repeat=repeat, killed=killed, eject_s=eject_s, recover_s=recover_s,
-                    all_members_new=bool(after) and after.isdisjoint(before), load=report)
+    after = {m.pid for m in client.group(spec.group).members if m.pid} if recover_s is not None else set()
+    return FaultRun(repeat=repeat, killed=f"{killed.member} pid {killed.pid}", eject_s=eject_s, recover_s=recover_s,
+                    all_members_new=bool(after) and after.isdisjoint(killed.pids_before), load=report)
 
 
-def _routable(groupset: LocalGroupSet, name: str) -> bool:
-    return any(g["name"] == name and g["routable"] for g in groupset.admin.groups())
+def _routable(client: ControlClient, name: str) -> bool:
+    return any(g["name"] == name and g["routable"] for g in client.groups())
+
+
+def _rebuilt(client: ControlClient, name: str, old_handle: str) -> bool:
+    view = client.group(name)
+    return view.state == GroupState.READY and view.handle not in (None, old_handle)
 
 
 async def _until(condition, timeout_s: float, since: float) -> float | None:

@@ -1,4 +1,8 @@
-"""A group set on this machine: one router process plus the GroupManager that registers groups in it."""
+"""A group set owned by one Python process: a router process plus the GroupManager that registers groups in it.
+
+Tests, benchmarks and `tideflow group up` use it directly; fleets that flows act on live in the
+controller (engine/control/), which outlives every flow run.
+"""
 
 from __future__ import annotations
 
@@ -17,7 +21,6 @@ from engine.router.app import ADMIN_KEYS_ENV, UPSTREAM_KEY_ENV
 
 
 class GroupSetConfig(BaseModel):
-    name: str = Field("default", description="names the set within a process (flows look it up by name)")
     model_dir: Path = Field(description="checkpoint for the router's tokenizer and for groups whose spec names none")
     model_name: str = Field("default", description="model id clients ask the router for")
     router_port: int = Field(0, ge=0, le=65535, description="router port (0 = any free port)")
@@ -56,6 +59,19 @@ class LocalGroupSet:
     def up(self, spec: InferenceGroup, standby: bool = False, weight: float = 1.0) -> ManagedGroup:
         return self.manager.up(spec, standby=standby, weight=weight)
 
+    def park(self, name: str, drain_s: float = 30.0) -> float | None:
+        """Ready -> Standby for a group of this set (None: not one of ours, nothing to park)."""
+        g = self.manager.groups.get(name)
+        return g.park(drain_s) if g is not None else None
+
+    def delete(self, name: str, drain_s: float = 10.0) -> None:
+        """Drain and stop a group of this set; one that is not ours is only taken out of the router."""
+        g = self.manager.groups.get(name)
+        if g is not None:
+            g.drain_and_stop(drain_s)
+        else:
+            self.admin.deregister(name)
+
     def close(self, drain_s: float = 5.0) -> None:
         try:
             self.manager.shutdown(drain_s)
@@ -69,24 +85,3 @@ class LocalGroupSet:
     def __exit__(self, *exc) -> None:
         self.close()
 
-
-_OPEN: dict[str, LocalGroupSet] = {}
-
-
-def open_groupset(config: GroupSetConfig) -> LocalGroupSet:
-    """The process's group set of that name, started on first use (flow tasks share it)."""
-    if config.name not in _OPEN:
-        _OPEN[config.name] = LocalGroupSet(config)
-    return _OPEN[config.name]
-
-
-def get_groupset(name: str = "default") -> LocalGroupSet:
-    if name not in _OPEN:
-        raise KeyError(f"no group set named {name!r} is running in this process")
-    return _OPEN[name]
-
-
-def close_groupsets(drain_s: float = 5.0) -> None:
-    while _OPEN:
-        _, gs = _OPEN.popitem()
-        gs.close(drain_s)

@@ -49,3 +49,18 @@ class RouterAdmin:
 
     def close(self) -> None:
         self._client.close()
+
+
+def scrape_members(client: httpx.Client, router_groups: list[dict]) -> list[str]:
+    """/metrics of every endpoint in `router_groups` (RouterAdmin.groups()), with `client`'s member key;
+    a member being rebuilt is skipped (its counts are missing from this scrape only)."""
+    texts = []
+    for group in router_groups:
+        for e in group["endpoints"]:
+            try:
+                r = client.get(e["url"] + "/metrics")
+                r.raise_for_status()
+                texts.append(r.text)
+            except httpx.HTTPError:
+                continue
+    return texts

@@ -175,12 +175,3 @@ def _index(name: str, prefix: str) -> int:
     tail = name[len(prefix):]
     return int(tail) if name.startswith(prefix) and tail.isdigit() else -1
 
-
-_POOLS: dict[str, WarmPool] = {}
-
-
-def open_pool(key: str, manager: GroupManager, template: InferenceGroup, bounds: Bounds, warm_pool: int) -> WarmPool:
-    """The process's pool of that key (the long-running autoscaler and the scheduled scale flows share it)."""
-    if key not in _POOLS:
-        _POOLS[key] = WarmPool(manager, template, bounds, warm_pool)
-    return _POOLS[key]

@@ -1,0 +1,55 @@
+"""Start a controller for this TIDEFLOW_HOME when none answers (`make run`, `tideflow ui`), and stop
+only what was started here."""
+
+from __future__ import annotations
+
+import time
+
+from engine.control import discovery
+from engine.control.client import ControlAPIError, ControlClient
+from engine.control.controller import stop_recorded_fleet
+from engine.paths import home
+from engine.process import Child, tideflow_argv
+
+
+def ensure_controller(timeout_s: float = 180.0) -> Child | None:
+    """None when a controller already answers (it is someone else's: leave it running); else the
+    `tideflow controller` process started now, once its API answers."""
+    try:
+        info = discovery.find()
+    except discovery.NoController:
+        info = None
+    if info is not None:
+        with ControlClient(info.url, info.admin_key) as client:
+            if client.health():
+                return None
+        if info.pid is None:  # a remote controller named by TIDEFLOW_CONTROLLER_URL: never start a local one instead
+            raise discovery.NoController(f"the controller at {info.url} does not answer")
+    child = Child("controller", tideflow_argv("controller"), home() / "logs" / "controller.log")
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not child.alive():
+            raise discovery.NoController(f"`tideflow controller` exited: {child.log_tail()}")
+        try:
+            info = discovery.find()
+        except discovery.NoController:
+            info = None
+        if info is not None and info.pid == child.pid:
+            with ControlClient(info.url, info.admin_key) as client:
+                if client.health():
+                    return child
+        time.sleep(0.1)
+    child.stop()
+    raise discovery.NoController(f"`tideflow controller` did not answer within {timeout_s:.0f}s: {child.log_tail()}")
+
+
+def stop_controller(child: Child) -> None:
+    """`tideflow down` for a controller started by `ensure_controller`: every group, the router, the controller
+    (from its store when it no longer answers)."""
+    try:
+        with ControlClient.connect() as client:
+            client.down()
+    except (ControlAPIError, discovery.NoController):
+        stop_recorded_fleet()
+    finally:
+        child.stop(grace_s=30)

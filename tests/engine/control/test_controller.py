@@ -1,0 +1,147 @@
+"""The controller as users run it: its own process, driven over its API and the `tideflow` CLI; groups
+keep serving through the router whatever happens to the controller."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import openai
+import pytest
+
+from engine.control import discovery
+from engine.control.client import ControlAPIError
+from engine.group.manager import GroupState
+from engine.group.spec import InferenceGroup
+from engine.process import start_service, start_ticks, tideflow_argv
+
+
+@pytest.fixture(scope="module")
+def spec(tiny_model_dir):
+    return InferenceGroup.model_validate({
+        "name": "ctl-a", "version": "v1", "model": {"path": str(tiny_model_dir)},
+        "roles": [{"role": "colocated", "engine": {"kv_cache_bytes": 8_000_000, "max_wait_ms": 0}}]})
+
+
+def cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(tideflow_argv(*args), capture_output=True, text=True, timeout=120)
+
+
+def openai_client(controller) -> openai.OpenAI:
+    return openai.OpenAI(base_url=controller.status().router_url + "/v1", api_key=discovery.router_key(), max_retries=0,
+                         timeout=30)
+
+
+def test_cli_applies_a_group_that_serves_after_the_cli_exits(controller, spec, tmp_path):
+    path = tmp_path / "ctl-a.yaml"
+    path.write_text(json.dumps(spec.model_dump(mode="json")))
+    done = cli("group", "apply", str(path), "--wait-s", "120")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["state"] == "Ready"
+    status = json.loads(cli("status", "--json").stdout)
+    (group,) = [g for g in status["groups"] if g["name"] == "ctl-a"]
+    assert group["state"] == "Ready" and group["weight"] == 1.0 and group["version"] == "v1"
+    (member,) = group["members"]
+    assert member["role"] == "colocated" and member["endpoint"].startswith("http://127.0.0.1:")
+    assert start_ticks(member["pid"]) is not None  # a live process of this machine
+    answer = openai_client(controller).completions.create(model="default", prompt="hello", max_tokens=4)
+    assert answer.usage.completion_tokens == 4
+
+
+def test_bad_input_is_a_clear_4xx_and_one_cli_line(controller, tmp_path):
+    with pytest.raises(ControlAPIError, match="unknown groups: nope") as info:
+        controller.set_weights({"nope": 1.0})
+    assert info.value.status == 404
+    with pytest.raises(ControlAPIError) as info:
+        controller._call("PUT", "/v1/weights", json={"weights": {"ctl-a": -1}})
+    assert info.value.status == 400
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\nversion: v1\nroles: []\n")
+    done = cli("group", "apply", str(bad))
+    assert done.returncode == 2 and "Traceback" not in done.stderr and done.stderr.count("\n") == 1, done.stderr
+    unauth = controller._http.get("/v1/status", headers={"authorization": "Bearer wrong"})
+    assert unauth.status_code == 401
+
+
+def test_router_killed_is_restarted_with_every_ready_group(controller, spec):
+    status = controller.status()
+    router = status.router_url
+    os.kill(status.router_pid, signal.SIGKILL)
+    client = openai_client(controller)
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            client.completions.create(model="default", prompt="again", max_tokens=2)
+            break
+        except openai.APIError:
+            assert time.monotonic() < deadline, "the router did not come back with its groups"
+            time.sleep(0.2)
+    again = controller.status()
+    assert again.router_url == router  # same address: clients need no new configuration
+    assert again.router_pid != status.router_pid
+    assert any(e.kind == "router" and "gone" in e.message for e in controller.events())
+
+
+def test_sigkill_controller_under_load_loses_nothing_and_readopts(controller, spec, tideflow_home, request):
+    before = controller.group("ctl-a")
+    assert before.state == GroupState.READY
+    pids_before = {m.pid for m in before.members}
+    router_url = controller.status().router_url
+    client = openai_client(controller)
+    results: list[str] = []
+    stop = threading.Event()
+
+    def traffic() -> None:
+        while not stop.is_set():
+            try:
+                client.completions.create(model="default", prompt="steady", max_tokens=4)
+                results.append("ok")
+            except openai.APIError as exc:
+                results.append(f"error: {exc}")
+
+    threads = [threading.Thread(target=traffic) for _ in range(3)]
+    for t in threads:
+        t.start()
+    try:
+        time.sleep(1.0)
+        info = discovery.find()
+        os.kill(info.pid, signal.SIGKILL)
+        time.sleep(2.0)  # load keeps flowing with no controller at all
+        served_without = len(results)
+        port = controller.url.rsplit(":", 1)[1]
+        argv = tideflow_argv("controller", "--port", port, "--model-dir", str(spec.model.path))
+        second = start_service("controller-2", argv, tideflow_home / "logs" / "controller-2.log",
+                               controller.url + "/health", timeout_s=120)
+        request.addfinalizer(lambda: second.stop(grace_s=60))  # SIGTERM: the fleet stays for `tideflow down`
+        view = controller.wait_for("ctl-a", {GroupState.READY, GroupState.FAILED}, 60)
+        time.sleep(1.0)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=60)
+    errors = [r for r in results if r != "ok"]
+    assert errors == [] and served_without > 0 and len(results) > served_without
+    assert view.state == GroupState.READY
+    assert {m.pid for m in view.members} == pids_before  # adopted, not restarted
+    assert controller.status().router_url == router_url
+    assert discovery.find().pid == second.pid
+    assert any(e.kind == "adopt" and "adopted 1 running members" in e.message for e in controller.events())
+    # no duplicates: exactly one serve process per member, one router
+    cmdlines = [(p / "cmdline").read_bytes() for p in Path("/proc").iterdir()
+                if p.name.isdigit() and start_ticks(int(p.name)) is not None and _home_of(p) == str(tideflow_home)]
+    assert sum(b"\0serve\0" in c for c in cmdlines) == 1 and sum(b"\0router\0" in c for c in cmdlines) == 1
+
+
+def _home_of(proc) -> str | None:
+    try:
+        for item in (proc / "environ").read_bytes().split(b"\0"):
+            if item.startswith(b"TIDEFLOW_HOME="):
+                return item.split(b"=", 1)[1].decode()
+    except OSError:
+        return None
+    return None
