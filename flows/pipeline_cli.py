@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -21,6 +22,8 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
     ui = subparsers.add_parser("ui", help="start a local Prefect server and serve every deployment of deployments/prefect.yaml")
     ui.add_argument("--port", type=int, default=4200, help="Prefect UI/API port on 127.0.0.1")
     ui.add_argument("--keep-serving", action="store_true", help="leave a controller started here running on exit")
+    ui.add_argument("--prefect-file", type=Path, default=PREFECT_YAML,
+                    help="deployments to serve (default: the shipped deployments/prefect.yaml)")
     ui.set_defaults(func=_ui)
 
 
@@ -35,6 +38,7 @@ def _prefect_home() -> None:
 
 def _release(args: argparse.Namespace) -> int:
     _prefect_home()
+    _stop_on_sigterm()
     from engine.control.launch import ensure_controller, stop_controller
     from flows.release import ReleaseParams, release
 
@@ -64,8 +68,19 @@ def _release(args: argparse.Namespace) -> int:
             stop_controller(started)
 
 
+def _stop_on_sigterm() -> None:
+    """SIGTERM ends the command through its `finally` (what it started is stopped), as Ctrl-C does.
+    Prefect's runner installs its own graceful handler once serving, which returns the same way."""
+
+    def interrupt(*_):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupt)
+
+
 def _ui(args: argparse.Namespace) -> int:
     _prefect_home()
+    _stop_on_sigterm()
     from engine.control.launch import ensure_controller, stop_controller
     from engine.paths import home
     from engine.process import Child, wait_http_ok
@@ -84,7 +99,7 @@ def _ui(args: argparse.Namespace) -> int:
 
         from flows.deployments import load_deployments
 
-        deployments = load_deployments(PREFECT_YAML)
+        deployments = load_deployments(args.prefect_file)
         print(f"Prefect UI: http://127.0.0.1:{args.port} - serving {len(deployments)} deployments against the "
               f"controller ({'started here' if controller else 'already running'}); Ctrl-C stops", flush=True)
         serve(*deployments, print_starting_message=False)

@@ -62,7 +62,13 @@ def assert_nothing_left(home: Path, timeout_s: float = 15.0) -> None:
 
 
 @pytest.fixture(scope="module")
-def controller(tideflow_home, tiny_model_dir):
+def controller_model_dir(tiny_model_dir):
+    """The controller's --model-dir (its router's tokenizer); None: the default model it writes into the home."""
+    return tiny_model_dir
+
+
+@pytest.fixture(scope="module")
+def controller(tideflow_home, controller_model_dir):
     """`tideflow controller` in its own process (as users run it); yields its client. Afterwards
     `tideflow down` stops the fleet, and no process of this home may be left."""
     from engine.control.client import ControlClient
@@ -70,7 +76,8 @@ def controller(tideflow_home, tiny_model_dir):
     from engine.process import free_port, start_service, tideflow_argv
 
     port = free_port()
-    argv = tideflow_argv("controller", "--port", str(port), "--model-dir", str(tiny_model_dir))
+    model = ["--model-dir", str(controller_model_dir)] if controller_model_dir is not None else []
+    argv = tideflow_argv("controller", "--port", str(port), *model)
     child = start_service("controller", argv, tideflow_home / "logs" / "controller.log",
                           f"http://127.0.0.1:{port}/health", timeout_s=120)
     client = ControlClient.connect()

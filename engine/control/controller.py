@@ -56,7 +56,7 @@ class ControllerConfig(BaseModel):
     router_port: int = Field(0, ge=0, le=65535, description="router port (0 = the one it had, else any free port)")
     router_args: list[str] = Field(default_factory=list, description="extra `tideflow router` flags")
     reconcile_s: float = Field(0.5, gt=0, description="seconds between two reconcile passes")
-    policy: SupervisionPolicy = Field(default_factory=SupervisionPolicy)
+    policy: SupervisionPolicy = Field(default_factory=SupervisionPolicy, description="how groups are supervised and rebuilt")
 
 
 class Controller:

@@ -7,7 +7,6 @@ backoff, up to `max_restarts`; then it ends Failed with the member's error.
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -313,7 +312,3 @@ class GroupManager:
                 g.drain_and_stop(drain_s)
         self.switch.close()
 
-
-def read_status_files(state_dir: Path) -> list[dict]:
-    """What `tideflow group status` prints: the state files running managers keep current."""
-    return [json.loads(p.read_text()) for p in sorted(state_dir.glob("*.json"))]

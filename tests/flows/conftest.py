@@ -1,4 +1,5 @@
-"""One Prefect local API for the whole flows suite (prefect_test_harness), and a private TIDEFLOW_HOME."""
+"""One Prefect local API for the whole flows suite (prefect_test_harness), and a controller per module
+in its own process: the flows find it through $TIDEFLOW_HOME, as they do when a user runs them."""
 
 from __future__ import annotations
 
@@ -13,8 +14,11 @@ def prefect_api():
 
 
 @pytest.fixture(scope="module")
-def flow_home(tideflow_home, prefect_api):
-    yield tideflow_home
-    from engine.group.groupset import close_groupsets
+def controller_model_dir():
+    """None: the controller writes the default model into the home (the release publishes it)."""
+    return None
 
-    close_groupsets()
+
+@pytest.fixture(scope="module")
+def flow_home(tideflow_home, prefect_api, controller):
+    yield tideflow_home
