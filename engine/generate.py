@@ -64,6 +64,8 @@ def generate(
         tokens = sample(logits, [plist[i] for i in active], [gens[i] for i in active])
         still = []
         for i, tok in zip(active, tokens):
+            if tok is None:
+                raise ValueError(f"prompt {i}: sampling failed, the model gave no finite scores")
             out = outs[i]
             out.tokens.append(tok)
             if tokenizer is not None:

@@ -446,7 +446,12 @@ class LLMEngine:
         self.scheduler.advance(plan)
         now = time.monotonic()
         for item, tok in zip(done, tokens):
-            self._on_token(self._requests[item.seq.request_id], tok, now)
+            req = self._requests[item.seq.request_id]
+            if tok is None:  # this request's sampling had no valid distribution: it fails alone
+                self.scheduler.abort(item.seq.request_id)
+                self._fail(req, "sampling failed: the model gave no finite scores for these sampling parameters")
+                continue
+            self._on_token(req, tok, now)
 
     def _step(self, seq: Sequence, num_new: int) -> SeqStep:
         tokens = _slice(seq, seq.num_computed, num_new)

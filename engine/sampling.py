@@ -12,38 +12,58 @@ class SamplingParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     max_tokens: int = Field(16, ge=1, le=32768, description="most tokens to generate")
-    temperature: float = Field(0.0, ge=0.0, le=2.0, description="0 = greedy")
+    temperature: float = Field(0.0, ge=0.0, le=2.0, description="0 = greedy; below 1e-4 it is greedy too")
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="nucleus mass kept")
     top_k: int = Field(0, ge=0, description="keep the k most likely tokens; 0 = all")
-    seed: int | None = Field(None, description="makes sampling reproducible per request")
+    seed: int | None = Field(None, ge=-(2**63), lt=2**64, description="makes sampling reproducible per request (64 bits)")
     stop: list[str] = Field(default_factory=list, max_length=8, description="strings that end generation")
     ignore_eos: bool = Field(False, description="keep generating past end-of-sequence tokens")
 
 
+# Below this a temperature scales logits past float range (inf / inf = NaN); the distribution it asks for
+# is the argmax anyway, so it is served greedily.
+GREEDY_BELOW = 1e-4
+
+
+def is_greedy(params: SamplingParams) -> bool:
+    return params.temperature < GREEDY_BELOW
+
+
 def make_generator(params: SamplingParams) -> torch.Generator | None:
-    if params.temperature == 0.0:
+    if is_greedy(params):
         return None
     gen = torch.Generator()
     gen.manual_seed(params.seed if params.seed is not None else int(torch.randint(0, 2**62, (1,))))
     return gen
 
 
-def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]) -> list[int]:
-    """One token per row of fp32 `logits` [B, vocab]."""
+def sample(logits: torch.Tensor, params: list[SamplingParams],
+           generators: list[torch.Generator | None]) -> list[int | None]:
+    """One token per row of fp32 `logits` [B, vocab]; None for a row with no valid distribution (its
+    logits are not finite), so that request fails alone and the rest of the batch goes on."""
     greedy = logits.argmax(dim=-1).tolist()
-    out = []
+    out: list[int | None] = []
     for row, p, gen, g in zip(logits, params, generators, greedy):
-        if p.temperature == 0.0:
-            out.append(g)
+        if is_greedy(p):
+            out.append(g if bool(torch.isfinite(row[g])) else None)
             continue
-        scores = row.cpu() / p.temperature
-        if p.top_k:
-            kth = torch.topk(scores, min(p.top_k, scores.numel())).values[-1]
-            scores = scores.masked_fill(scores < kth, float("-inf"))
-        probs = torch.softmax(scores, dim=-1)
-        if p.top_p < 1.0:
-            sorted_p, order = torch.sort(probs, descending=True)
-            keep = sorted_p.cumsum(0) - sorted_p < p.top_p
-            probs = torch.zeros_like(probs).scatter_(0, order[keep], sorted_p[keep])
-        out.append(int(torch.multinomial(probs, 1, generator=gen)))
+        probs = _distribution(row.cpu(), p)
+        out.append(int(torch.multinomial(probs, 1, generator=gen)) if probs is not None else None)
     return out
+
+
+def _distribution(row: torch.Tensor, p: SamplingParams) -> torch.Tensor | None:
+    scores = row / p.temperature
+    if p.top_k:
+        kth = torch.topk(scores, min(p.top_k, scores.numel())).values[-1]
+        scores = scores.masked_fill(scores < kth, float("-inf"))
+    probs = torch.softmax(scores, dim=-1)
+    if p.top_p < 1.0:
+        sorted_p, order = torch.sort(probs, descending=True)
+        keep = sorted_p.cumsum(0) - sorted_p < p.top_p
+        keep[0] = True  # the most likely token always stays, however small top_p is (even below fp32's range)
+        probs = torch.zeros_like(probs).scatter_(0, order[keep], sorted_p[keep])
+    total = float(probs.sum())
+    if not (total > 0.0 and torch.isfinite(probs).all()):
+        return None
+    return probs

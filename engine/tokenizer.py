@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import jinja2.sandbox
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+import jinja2.sandbox
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from tokenizers import Tokenizer as HFTokenizer
 
 from engine.errors import CheckpointError
@@ -20,13 +20,25 @@ DEFAULT_CHAT_TEMPLATE = (
 )
 
 
+def _encodable(text: str) -> str:
+    """JSON can carry lone UTF-16 surrogates ("\\ud800") that no tokenizer can encode: refused at the boundary."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"text is not valid Unicode: {exc.reason} at position {exc.start}") from None
+    return text
+
+
+Text = Annotated[str, AfterValidator(_encodable)]
+
+
 class TextPart(BaseModel):
     """An OpenAI text content part."""
 
     model_config = ConfigDict(extra="forbid")
 
     type: Literal["text"]
-    text: str = Field(description="the text")
+    text: Text = Field(description="the text")
 
 
 class ImageURL(BaseModel):
@@ -50,7 +62,7 @@ ContentPart = Annotated[TextPart | ImagePart, Field(discriminator="type")]
 
 class ChatMessage(BaseModel):
     role: str = Field(pattern="^(system|user|assistant|tool)$", description="who speaks")
-    content: str | list[ContentPart] = Field(description="text of the message, or OpenAI content parts (text, image_url)")
+    content: Text | list[ContentPart] = Field(description="text of the message, or OpenAI content parts (text, image_url)")
 
     @property
     def image_urls(self) -> list[str]:

@@ -29,11 +29,17 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         return int(args.func(args) or 0)
-    except TideflowError as exc:
-        print(f"tideflow: error: {exc}", file=sys.stderr)
+    except (TideflowError, ValueError, OSError) as exc:  # bad input or a refused call: one line, no traceback
+        print(f"tideflow: error: {one_line(exc)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
+
+
+def one_line(exc: BaseException) -> str:
+    """The message on one line (a pydantic error lists each field on lines of its own)."""
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip() and "errors.pydantic.dev" not in ln]
+    return "; ".join(lines) or type(exc).__name__
 
 
 if __name__ == "__main__":

@@ -56,12 +56,17 @@ def _controller(args: argparse.Namespace) -> int:
     config = ControllerConfig(model_dir=model_dir, model_name=args.model_name, host=args.host, port=port,
                               router_port=args.router_port)
     controller = Controller(config).start()
-    server: uvicorn.Server | None = None
-    app = create_control_app(controller, on_down=lambda: setattr(server, "should_exit", True))
-    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=port, log_level="warning",
-                                           timeout_graceful_shutdown=5))
     info = discovery.ControllerInfo(url=f"http://{args.host}:{port}", admin_key=controller.admin_key,
                                     pid=os.getpid(), ticks=start_ticks(os.getpid()))
+    server: uvicorn.Server | None = None
+
+    def on_down() -> None:
+        discovery.unregister(info.pid)  # before exiting: nobody may find a controller that is going away
+        server.should_exit = True
+
+    app = create_control_app(controller, on_down=on_down)
+    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=port, log_level="warning",
+                                           timeout_graceful_shutdown=5))
     discovery.register(info, controller.client_key)
     print(f"controller: {info.url} (pid {info.pid}); router: {controller.router_url}/v1 "
           f"(API key in {discovery.router_key_path()})", flush=True)

@@ -49,6 +49,9 @@ def stop_controller(child: Child) -> None:
     try:
         with ControlClient.connect() as client:
             client.down()
+        deadline = time.monotonic() + 60
+        while child.alive() and time.monotonic() < deadline:  # it exits by itself after `down`
+            time.sleep(0.1)
     except (ControlAPIError, discovery.NoController):
         stop_recorded_fleet()
     finally:

@@ -8,9 +8,9 @@ from pydantic import BaseModel, Field
 
 from engine.group.manager import GroupState
 from engine.group.spec import InferenceGroup, Role
+from engine.router.registry import GroupName, Weight
 from engine.scaling.policy import Bounds, ScalingPolicy
 
-GROUP_NAME = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"  # a DNS-1123 label, as Kubernetes names objects
 
 
 class ApplyGroup(BaseModel):
@@ -22,7 +22,7 @@ class ApplyGroup(BaseModel):
 
 
 class WeightsBody(BaseModel):
-    weights: dict[str, float] = Field(description="group name -> traffic weight (finite, >= 0)")
+    weights: dict[GroupName, Weight] = Field(description="group name -> traffic weight (finite, >= 0)")
 
 
 class KillMember(BaseModel):

@@ -112,13 +112,16 @@ class EngineArgs(BaseModel):
         return self
 
 
+MAX_INSTANCES = 256  # a bound a cluster would accept; larger fleets are several groups
+
+
 class RoleSpec(BaseModel):
     """One role of the group and how many instances of which shape run it."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     role: Role = Field(description="what this role's members do")
-    instances: int = Field(1, ge=0, description="independent instances of this role")
+    instances: int = Field(1, ge=1, le=MAX_INSTANCES, description=f"independent instances of this role (1..{MAX_INSTANCES})")
     parallel: str = Field("DEP1", description="strategy per instance: DEP<n> or TP<n>, n members, n a power of two <= 64")
     resources: Resources = Field(default_factory=Resources, description="per member")
     engine: EngineArgs = Field(default_factory=EngineArgs, description="engine args of every member")
@@ -244,7 +247,7 @@ class InferenceGroup(BaseModel):
         path = Path(path)
         try:
             data = yaml.safe_load(path.read_text())
-        except (OSError, yaml.YAMLError) as exc:
+        except (OSError, yaml.YAMLError, UnicodeDecodeError) as exc:
             raise GroupSpecError(f"{path}: cannot read group spec: {exc}") from None
         if not isinstance(data, dict):
             raise GroupSpecError(f"{path}: a group spec is a YAML mapping, got {type(data).__name__}")

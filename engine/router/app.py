@@ -7,18 +7,21 @@ import os
 from contextlib import asynccontextmanager
 
 import httpx
-from fastapi import Depends, FastAPI, Request
+from typing import Annotated
+
+from fastapi import Depends, FastAPI, Path, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, Field, ValidationError
 
+from engine.errors import TideflowError
 from engine.router.config import RouterConfig
 from engine.router.health import HealthMonitor
 from engine.router.metrics import RouterMetrics
 from engine.router.prompt import PromptPreparer
 from engine.router.proxy import Proxy
 from engine.router.ratelimit import RateLimiter
-from engine.router.registry import GroupRegistration, Registry
+from engine.router.registry import GROUP_NAME_PATTERN, GroupName, GroupRegistration, Registry, Weight
 from engine.server.auth import BearerAuth
 from engine.server.errors import APIError, error_response, install_error_handlers, validation_message
 from engine.server.protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
@@ -27,14 +30,18 @@ UPSTREAM_KEY_ENV = "TIDEFLOW_UPSTREAM_API_KEY"
 ADMIN_KEYS_ENV = "TIDEFLOW_ADMIN_KEYS"
 
 
+class RouterConfigError(TideflowError):
+    """The router cannot start as configured."""
+
+
 class WeightsUpdate(BaseModel):
-    weights: dict[str, float] = Field(description="group name -> traffic weight (>= 0)")
+    weights: dict[GroupName, Weight] = Field(description="group name -> traffic weight (finite, >= 0)")
 
 
 def create_router_app(config: RouterConfig, api_keys: list[str], admin_keys: list[str],
                       upstream_key: str | None = None) -> FastAPI:
     if not admin_keys:
-        raise ValueError(f"the router's admin API needs a key: set {ADMIN_KEYS_ENV}")
+        raise RouterConfigError(f"the router's admin API needs a key: set {ADMIN_KEYS_ENV} (comma-separated)")
     registry = Registry()
     metrics = RouterMetrics()
     auth, admin_auth = BearerAuth(api_keys), BearerAuth(admin_keys)
@@ -61,7 +68,8 @@ def create_router_app(config: RouterConfig, api_keys: list[str], admin_keys: lis
     def client_key(request: Request) -> None:
         auth(request)
         if limiter is not None:
-            key = request.headers.get("authorization", "anonymous")
+            scheme, _, token = request.headers.get("authorization", "").partition(" ")
+            key = token.strip() if scheme.lower() == "bearer" and token.strip() else "anonymous"  # one bucket per key
             if not limiter.allow(key):
                 metrics.rate_limited.inc()
                 raise APIError(429, "rate limit reached for this API key; slow down and retry", code="rate_limit_exceeded")
@@ -114,7 +122,7 @@ def create_router_app(config: RouterConfig, api_keys: list[str], admin_keys: lis
         return {"registered": reg.name}
 
     @app.delete("/admin/groups/{name}", dependencies=[Depends(admin_auth)])
-    async def deregister(name: str) -> dict:
+    async def deregister(name: Annotated[str, Path(pattern=GROUP_NAME_PATTERN)]) -> dict:
         if not registry.deregister(name):
             raise APIError(404, f"no group named {name!r} is registered", "name")
         return {"deregistered": name}

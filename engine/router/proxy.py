@@ -158,38 +158,42 @@ class Proxy:
         url = target.endpoint.url + path
         remaining = max(0.1, deadline - time.monotonic())
         timeout = httpx.Timeout(min(self.config.first_token_timeout_s, remaining), connect=self.config.connect_timeout_s)
+        # In-flight accounting: incremented here once, decremented once: in `finally` below, unless an open
+        # stream is handed to _relay, which decrements when the stream ends.
         target.inflight += 1
+        handed_over = False
         try:
             request = self.client.build_request("POST", url, content=content, timeout=timeout,
                                                 headers={**self.headers, "content-type": "application/json"})
-            response = await self.client.send(request, stream=True)
-        except httpx.TimeoutException:
-            target.inflight -= 1
-            raise UpstreamFailed(f"{url} did not answer within {timeout.read:.0f}s") from None
-        except httpx.TransportError as exc:
-            target.inflight -= 1
-            HealthMonitor.eject(target, f"connection failed: {exc.__class__.__name__}")
-            raise UpstreamFailed(f"{url}: {exc.__class__.__name__}") from None
-        try:
-            if response.status_code >= 500:
-                text = (await response.aread()).decode(errors="replace")[:300]
-                raise UpstreamFailed(f"{url} answered {response.status_code}: {text}")
-            if response.status_code >= 400:
-                raise UpstreamRejected(response.status_code, await response.aread())
-            if not stream:
-                return Opened(response, body=await response.aread(), endpoints=[target])
-            head = await self._read_head(response, deadline)
-            return Opened(response, head=head, endpoints=[target])
-        except (UpstreamFailed, UpstreamRejected):
-            await response.aclose()
-            target.inflight -= 1
-            raise
-        except (httpx.HTTPError, asyncio.TimeoutError) as exc:
-            await response.aclose()
-            target.inflight -= 1
-            raise UpstreamFailed(f"{url} broke before its first event: {exc.__class__.__name__}") from None
+            try:
+                response = await self.client.send(request, stream=True)
+            except httpx.TimeoutException:
+                raise UpstreamFailed(f"{url} did not answer within {timeout.read:.0f}s") from None
+            except httpx.ConnectError as exc:
+                # nothing listens: the member is gone. Any other failure is one request's, and ejection
+                # stays with the health monitor (one client cannot take a group out of routing).
+                HealthMonitor.eject(target, f"connection failed: {exc.__class__.__name__}")
+                raise UpstreamFailed(f"{url}: {exc.__class__.__name__}") from None
+            except httpx.TransportError as exc:
+                raise UpstreamFailed(f"{url}: {exc.__class__.__name__}") from None
+            try:
+                if response.status_code >= 500:
+                    text = (await response.aread()).decode(errors="replace")[:300]
+                    raise UpstreamFailed(f"{url} answered {response.status_code}: {text}")
+                if response.status_code >= 400:
+                    raise UpstreamRejected(response.status_code, await response.aread())
+                if not stream:
+                    return Opened(response, body=await response.aread(), endpoints=[target])
+                head = await self._read_head(response, deadline)
+                handed_over = True
+                return Opened(response, head=head, endpoints=[target])
+            except (httpx.HTTPError, asyncio.TimeoutError) as exc:
+                raise UpstreamFailed(f"{url} broke before its first event: {exc.__class__.__name__}") from None
+            finally:
+                if not handed_over:
+                    await response.aclose()
         finally:
-            if not stream:
+            if not handed_over:
                 target.inflight -= 1
 
     async def _read_head(self, response: httpx.Response, deadline: float) -> list[str]:
@@ -198,7 +202,10 @@ class Proxy:
         iterator = response.aiter_lines()
         response.extensions["tideflow_lines"] = iterator
         while True:
-            line = await asyncio.wait_for(iterator.__anext__(), timeout=max(0.1, deadline - time.monotonic()))
+            try:
+                line = await asyncio.wait_for(iterator.__anext__(), timeout=max(0.1, deadline - time.monotonic()))
+            except StopAsyncIteration:
+                raise UpstreamFailed("the upstream stream ended before its first event") from None
             lines.append(line)
             if line.startswith("data:"):
                 if '"error"' in line[:20]:

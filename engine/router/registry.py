@@ -3,15 +3,40 @@
 from __future__ import annotations
 
 import threading
-from typing import Literal
+from typing import Annotated, Literal
+from urllib.parse import urlsplit
 
-from pydantic import BaseModel, Field
+from pydantic import AfterValidator, BaseModel, Field
 
 Role = Literal["encoder", "prefill", "decode", "colocated"]
+GROUP_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"  # a DNS-1123 label, as Kubernetes names objects
+GroupName = Annotated[str, Field(pattern=GROUP_NAME_PATTERN, description="a DNS-1123 label")]
+Weight = Annotated[float, Field(ge=0.0, allow_inf_nan=False, description="relative traffic share; 0 = drain")]
+
+
+def _member_url(url: str) -> str:
+    """scheme://host:port and nothing else: the router sends the members' key there, so no userinfo,
+    path, query, fragment or control character can smuggle it elsewhere."""
+    if any(ord(c) < 0x21 or ord(c) == 0x7F for c in url):
+        raise ValueError("the URL contains whitespace or control characters")
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https"):
+        raise ValueError("the URL must be http:// or https://")
+    if parts.username is not None or parts.password is not None or "@" in parts.netloc:
+        raise ValueError("the URL must not carry user info")
+    if parts.path or parts.query or parts.fragment or url.endswith(("?", "#")):
+        raise ValueError("the URL must be scheme://host:port with no path, query or fragment")
+    try:
+        port = parts.port
+    except ValueError:
+        raise ValueError("the URL's port is not a number in 1-65535") from None
+    if not parts.hostname or port is None or port == 0:
+        raise ValueError("the URL must name a host and a port")
+    return url
 
 
 class Endpoint(BaseModel):
-    url: str = Field(pattern=r"^https?://[^/]+$", description="base URL of one instance's leader")
+    url: Annotated[str, AfterValidator(_member_url)] = Field(description="http://host:port of one instance's leader")
     role: Role
     instance: int = Field(0, ge=0)
 
@@ -19,10 +44,10 @@ class Endpoint(BaseModel):
 class GroupRegistration(BaseModel):
     """What a GroupManager registers once every member of a group is ready."""
 
-    name: str = Field(min_length=1, max_length=63)
-    version: str = Field(min_length=1, max_length=63)
-    endpoints: list[Endpoint] = Field(min_length=1)
-    weight: float = Field(1.0, ge=0.0, description="relative traffic share; 0 = drain")
+    name: GroupName
+    version: str = Field(min_length=1, max_length=63, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    endpoints: list[Endpoint] = Field(min_length=1, max_length=1024)
+    weight: Weight = 1.0
 
 
 class EndpointState:

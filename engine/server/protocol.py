@@ -9,7 +9,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from engine.sampling import SamplingParams
-from engine.tokenizer import ChatMessage
+from engine.tokenizer import ChatMessage, Text
 
 
 class StreamOptions(BaseModel):
@@ -23,14 +23,14 @@ class _GenerationFields(BaseModel):
 
     model: str = Field(description="id from /v1/models")
     max_tokens: int | None = Field(None, ge=1, description="most tokens to generate")
-    temperature: float = Field(1.0, ge=0.0, le=2.0, description="0 = greedy")
+    temperature: float = Field(1.0, ge=0.0, le=2.0, description="0 = greedy (below 1e-4 too)")
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="nucleus mass kept")
     top_k: int = Field(0, ge=-1, description="extra: keep the k most likely tokens; 0 or -1 = all")
     n: int = Field(1, ge=1, le=1, description="choices per request: only 1 is served")
     stream: bool = Field(False, description="answer with server-sent events")
     stream_options: StreamOptions | None = None
-    stop: str | list[str] | None = Field(None, description="up to 8 strings that end generation")
-    seed: int | None = Field(None, description="makes sampling reproducible")
+    stop: Text | list[Text] | None = Field(None, description="up to 8 strings that end generation")
+    seed: int | None = Field(None, ge=-(2**63), lt=2**64, description="makes sampling reproducible (fits 64 bits)")
     ignore_eos: bool = Field(False, description="extra: generate past end-of-sequence tokens")
 
     @field_validator("stop")
@@ -53,7 +53,7 @@ class _GenerationFields(BaseModel):
 
 
 class CompletionRequest(_GenerationFields):
-    prompt: str | list[int] | list[str] = Field(description="text, token ids, or a list holding one text")
+    prompt: Text | list[int] | list[Text] = Field(description="text, token ids, or a list holding one text")
 
     @field_validator("prompt")
     @classmethod

@@ -19,10 +19,20 @@ import uuid
 from pathlib import Path
 
 from engine.weights.config import FsStoreConfig
-from engine.weights.errors import ChecksumMismatchError, ObjectMissingError
+from engine.weights.errors import ChecksumMismatchError, ObjectMissingError, WeightsError
 from engine.weights.parts import composite_sha256, sha256_b64
 from engine.weights.store import ObjectStore, StoredObject, StoredPart
 from kernels.atomic_file import atomic_write_bytes
+
+
+def refuse_symlinks(root: Path, path: Path) -> None:
+    """Raise WeightsError when `path` or a directory between `root` and it is a symbolic link."""
+    rel = path.relative_to(root)
+    at = root
+    for part in rel.parts:
+        at = at / part
+        if at.is_symlink():
+            raise WeightsError(f"{at} is a symbolic link: weights stores and caches never follow links")
 
 
 def _copy_range(src: int, dst: int, offset: int, length: int) -> int:
@@ -49,7 +59,11 @@ class FsStore(ObjectStore):
         self.prefix = config.prefix
 
     def _object(self, key: str) -> Path:
-        return self.root / (self.prefix + key)
+        """The object's file; a symlink anywhere below the root is refused, never followed (it could copy
+        a file from outside the store into a cache that is then marked verified)."""
+        path = self.root / (self.prefix + key)
+        refuse_symlinks(self.root, path)
+        return path
 
     def _meta(self, key: str) -> Path:
         return self.root / ".tideflow" / "meta" / (self.prefix + key + ".json")

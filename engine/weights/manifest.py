@@ -42,6 +42,8 @@ class ManifestFile(BaseModel):
     @classmethod
     def _relative(cls, v: str) -> str:
         segments = v.split("/")
+        if any(ord(c) < 0x20 or ord(c) == 0x7F for c in v):
+            raise ValueError(f"path {v!r} contains a control character")
         if v.startswith("/") or any(s in ("", ".", "..") for s in segments) or "\\" in v:
             raise ValueError(f"path {v!r} must be relative, '/'-separated, without '.' or '..'")
         return v
@@ -86,8 +88,10 @@ class Manifest(BaseModel):
         paths = [f.path for f in v]
         if len(set(paths)) != len(paths):
             raise ValueError("duplicate file paths")
-        if MANIFEST_NAME in paths:
-            raise ValueError(f"{MANIFEST_NAME} is reserved")
+        for p in paths:
+            name = p.rsplit("/", 1)[-1]
+            if p == MANIFEST_NAME or name.startswith(".tideflow") or name.endswith(".tideflow-partial"):
+                raise ValueError(f"{p}: the name is reserved for the cache's own files ({MANIFEST_NAME}, .tideflow*)")
         return sorted(v, key=lambda f: f.path)
 
     def to_bytes(self) -> bytes:

@@ -10,6 +10,7 @@ serialises concurrent pulls, so two processes leave one correct cache.
 import fcntl
 import hashlib
 import os
+import shutil
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -104,6 +105,10 @@ def require_verified(directory: str | Path, *, deep: bool = False) -> Manifest:
         raise UnverifiedWeightsError(str(d), "no valid verification marker: a pull never finished here") from None
     if marker.manifest_sha256 != manifest.digest:
         raise UnverifiedWeightsError(str(d), "the marker was written for another manifest")
+    extra = _unlisted(d, manifest)
+    if extra:
+        raise UnverifiedWeightsError(str(d), f"{extra[0]} is not in the manifest (a verified cache holds exactly "
+                                             f"its manifest's files; `tideflow weights pull` removes others)")
     for entry in manifest.files:
         try:
             seen = _stat(d / entry.path)
@@ -114,6 +119,36 @@ def require_verified(directory: str | Path, *, deep: bool = False) -> Manifest:
         if deep and file_sha256(d / entry.path) != entry.sha256:
             raise UnverifiedWeightsError(str(d), f"{entry.path} does not match its SHA-256")
     return manifest
+
+
+_OWN_FILES = {MANIFEST_NAME, MARKER_NAME, LOCK_NAME}
+
+
+def _unlisted(cache: Path, manifest: Manifest) -> list[str]:
+    """Entries of the cache that its manifest does not list (symlinks included, never followed), sorted."""
+    listed = {e.path for e in manifest.files}
+    dirs = {str(Path(p).parent) for p in listed}
+    dirs |= {str(parent) for p in listed for parent in Path(p).parents}
+    out = []
+    for root, subdirs, files in os.walk(cache, followlinks=False):
+        for name in subdirs + files:
+            rel = os.path.relpath(os.path.join(root, name), cache)
+            if rel in _OWN_FILES or rel in listed and not os.path.islink(os.path.join(root, name)):
+                continue
+            if name in subdirs and rel in dirs and not os.path.islink(os.path.join(root, name)):
+                continue
+            out.append(rel)
+    return sorted(out)
+
+
+def _remove_unlisted(cache: Path, manifest: Manifest) -> None:
+    """Files of an older version (and anything else the manifest does not list) leave the cache."""
+    for rel in reversed(_unlisted(cache, manifest)):  # deepest first
+        path = cache / rel
+        if path.is_symlink() or not path.is_dir():
+            path.unlink(missing_ok=True)
+        else:
+            shutil.rmtree(path)
 
 
 def _cached_ok(cache: Path, manifest: Manifest) -> bool:
@@ -166,8 +201,7 @@ def pull(
             return PullReport(url=store.url, cache_dir=str(cache), manifest=manifest, noop=True,
                               files_fetched=0, files_kept=len(manifest.files), bytes_fetched=0)
         (cache / MARKER_NAME).unlink(missing_ok=True)
-        for stale in cache.rglob("*" + PARTIAL_SUFFIX):
-            stale.unlink()
+        _remove_unlisted(cache, manifest)  # partial files, an older version's files, links: none stays or is followed
         wanted = []
         for entry in manifest.files:
             dest = cache / entry.path

@@ -1,0 +1,136 @@
+"""The router against misbehaving clients and upstreams: rate limits per parsed key, in-flight counts
+that stay exact, streams that end early, strict registration. The router and the upstream run as real
+uvicorn servers on loopback; the upstream is a small app that misbehaves on purpose (an engine cannot
+be made to answer like this)."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+
+import httpx
+import pytest
+import uvicorn
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from engine.router.app import create_router_app
+from engine.router.config import RouterConfig
+
+CLIENT, ADMIN = "client-key", "admin-key"
+
+
+@contextlib.contextmanager
+def served(app):
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert time.monotonic() < deadline and thread.is_alive(), "uvicorn did not start"
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+        sock.close()
+
+
+def misbehaving_upstream() -> FastAPI:
+    app = FastAPI()
+
+    @app.get("/ready")
+    async def ready():
+        return {"status": "ready"}
+
+    @app.post("/v1/completions")
+    async def completions(body: dict):
+        if body.get("prompt") == "reject":
+            return JSONResponse({"error": {"message": "no", "type": "invalid_request_error"}}, status_code=400)
+        if body.get("prompt") == "crash":
+            return JSONResponse({"error": {"message": "boom", "type": "server_error"}}, status_code=500)
+
+        async def nothing():  # 200, then the stream ends before its first event
+            if False:
+                yield ""
+
+        return StreamingResponse(nothing(), media_type="text/event-stream")
+
+    return app
+
+
+@pytest.fixture(scope="module")
+def router():
+    with served(misbehaving_upstream()) as upstream:
+        config = RouterConfig(rate_limit_rps=0.01, rate_limit_burst=3, health_interval_s=0.2, max_attempts=2)
+        with served(create_router_app(config, [CLIENT, "other-key"], [ADMIN])) as url:
+            admin = httpx.Client(base_url=url, headers={"authorization": f"Bearer {ADMIN}"}, trust_env=False)
+            r = admin.post("/admin/groups", json={"name": "bad", "version": "v1",
+                                                  "endpoints": [{"url": upstream, "role": "colocated"}]})
+            assert r.status_code == 200, r.text
+            yield url, admin
+            admin.close()
+
+
+def inflight(admin) -> tuple[int, list[int]]:
+    (g,) = admin.get("/admin/groups").json()["groups"]
+    return g["inflight"], [e["inflight"] for e in g["endpoints"]]
+
+
+def test_failing_upstreams_leave_in_flight_counts_at_zero_and_4xx_is_not_retried(router):
+    url, admin = router
+    with httpx.Client(base_url=url, headers={"authorization": "Bearer other-key"}, trust_env=False, timeout=30) as c:
+        rejected = c.post("/v1/completions", json={"model": "default", "prompt": "reject"})
+        assert rejected.status_code == 400
+        crashed = c.post("/v1/completions", json={"model": "default", "prompt": "crash"})
+        assert crashed.status_code == 503 and "answered 500" in crashed.json()["error"]["message"]
+        empty = c.post("/v1/completions", json={"model": "default", "prompt": "x", "stream": True})
+        assert empty.status_code == 503 and "ended before its first event" in empty.json()["error"]["message"]
+    assert inflight(admin) == (0, [0])
+    (g,) = admin.get("/admin/groups").json()["groups"]
+    assert g["routable"]  # one request's failure ejects nobody
+
+
+def test_rate_limit_is_per_key_however_the_header_is_spelled(router):
+    url, _ = router
+    spellings = ["Bearer client-key", "bearer client-key", "BEARER client-key", "Bearer  client-key",
+                 "bearer   client-key"]
+    codes = []
+    with httpx.Client(base_url=url, trust_env=False) as c:
+        for header in spellings:
+            codes.append(c.get("/v1/models", headers={"authorization": header}).status_code)
+    assert codes == [200, 200, 200, 429, 429]  # burst 3, one bucket
+
+
+@pytest.mark.parametrize("endpoint,weight,name", [
+    ("http://user:pass@127.0.0.1:9", 1.0, "g"),
+    ("http://127.0.0.1:9/?steal=1", 1.0, "g"),
+    ("http://127.0.0.1:9#frag", 1.0, "g"),
+    ("http://127.0.0.1:9\r\nX-Evil: 1", 1.0, "g"),
+    ("http://127.0.0.1:9/path", 1.0, "g"),
+    ("ftp://127.0.0.1:9", 1.0, "g"),
+    ("http://127.0.0.1", 1.0, "g"),
+    ("http://127.0.0.1:9", float("nan"), "g"),
+    ("http://127.0.0.1:9", float("inf"), "g"),
+    ("http://127.0.0.1:9", 1.0, "a/b"),
+    ("http://127.0.0.1:9", 1.0, "UPPER"),
+])
+def test_registration_is_strict(router, endpoint, weight, name):
+    _, admin = router
+    body = ('{"name": "%s", "version": "v1", "weight": %s, "endpoints": [{"url": "%s", "role": "colocated"}]}'
+            % (name, "NaN" if weight != weight else "Infinity" if weight == float("inf") else weight,
+               endpoint.replace("\r", "\\r").replace("\n", "\\n")))
+    r = admin.post("/admin/groups", content=body, headers={"content-type": "application/json"})
+    assert r.status_code == 400, r.text
+    assert [g["name"] for g in admin.get("/admin/groups").json()["groups"]] == ["bad"]
+
+
+def test_weights_must_be_finite(router):
+    _, admin = router
+    r = admin.put("/admin/weights", content='{"weights": {"bad": Infinity}}', headers={"content-type": "application/json"})
+    assert r.status_code == 400
