@@ -34,6 +34,7 @@ def add_commands(subparsers) -> None:
     p.add_argument("--block-size", type=int)
     p.add_argument("--max-wait-ms", type=float, help="shuttle window; 0 dispatches arrivals at once")
     p.add_argument("--max-queue", type=int)
+    p.add_argument("--max-body-bytes", type=int, default=8 << 20, help="largest request body accepted (413 above)")
     p.add_argument("--dtype", choices=["float32", "bfloat16"])
     p.add_argument("--device")
     p.add_argument("--role", choices=["colocated", "prefill", "decode", "encoder"], default="colocated",
@@ -108,7 +109,7 @@ def serve(args: argparse.Namespace) -> int:
     log.info("serving %s on http://%s:%d (%d KV blocks of %d tokens)", config.model_name, args.host, args.port,
              engine.allocator.num_blocks, config.block_size)
     app = create_app(engine, config.model_name, keys, transport=None if args.role == "colocated" else args.kv_transport,
-                     faults=faults, standby=args.standby, host=args.host)
+                     faults=faults, standby=args.standby, host=args.host, max_body_bytes=args.max_body_bytes)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_keep_alive=MEMBER_KEEP_ALIVE_S)
     return 0
 

@@ -17,6 +17,7 @@ from engine.control.store import Event
 from engine.router.registry import GROUP_NAME_PATTERN
 from engine.scaling.pool import ScaleResult
 from engine.server.auth import BearerAuth
+from engine.server.limits import BodyLimit
 from engine.server.errors import APIError, install_error_handlers
 
 GroupName = Annotated[str, Path(pattern=GROUP_NAME_PATTERN, description="group name (a DNS-1123 label)")]
@@ -26,6 +27,7 @@ def create_control_app(controller: Controller, on_down: Callable[[], None]) -> F
     """`on_down` ends the serving process after `POST /v1/down` has stopped the fleet."""
     auth = BearerAuth([controller.admin_key])
     app = FastAPI(title="tideflow controller", docs_url=None, redoc_url=None)
+    app.add_middleware(BodyLimit, max_bytes=1 << 20)  # specs and small bodies only
     install_error_handlers(app)
     api = APIRouter(dependencies=[Depends(auth)])
 

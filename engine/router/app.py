@@ -23,6 +23,7 @@ from engine.router.proxy import Proxy
 from engine.router.ratelimit import RateLimiter
 from engine.router.registry import GROUP_NAME_PATTERN, GroupName, GroupRegistration, Registry, Weight
 from engine.server.auth import BearerAuth
+from engine.server.limits import BodyLimit
 from engine.server.errors import APIError, error_response, install_error_handlers, validation_message
 from engine.server.protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
 
@@ -63,6 +64,7 @@ def create_router_app(config: RouterConfig, api_keys: list[str], admin_keys: lis
             await monitor.stop()
 
     app = FastAPI(title="tideflow router", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes)
     install_error_handlers(app)
 
     def client_key(request: Request) -> None:

@@ -20,6 +20,7 @@ class RouterConfig(BaseModel):
     health_interval_s: float = Field(0.5, gt=0, description="period of the /ready probes")
     eject_after: int = Field(2, ge=1, description="failed probes before an endpoint is ejected")
     readmit_after: int = Field(2, ge=1, description="passed probes before an ejected endpoint is re-admitted")
+    max_body_bytes: int = Field(8 << 20, ge=1024, description="largest request body accepted (413 above)")
     rate_limit_rps: float | None = Field(None, gt=0, description="requests per second per API key (None = off)")
     rate_limit_burst: int = Field(20, ge=1, description="bucket size of the per-key limiter")
     affinity_threshold_tokens: int = Field(2048, ge=0, description="prefill LB: queued-token gap beyond which load beats cache affinity")

@@ -17,6 +17,7 @@ from engine.scaling.silent import InstanceState, ServingSwitch
 from engine.server.admin_routes import admin_routes
 from engine.server.auth import BearerAuth
 from engine.server.errors import APIError, error_response, install_error_handlers
+from engine.server.limits import DEFAULT_MAX_BODY_BYTES, BodyLimit
 from engine.server.pd_routes import pd_routes
 from engine.server.requests import prepare
 from engine.transfer import TransportKind
@@ -31,7 +32,7 @@ log = logging.getLogger(__name__)
 
 def create_app(engine: LLMEngine, model_name: str, api_keys: list[str] | None = None, warm_up: bool = True,
                transport: TransportKind | None = None, faults: FaultInjector | None = None,
-               standby: bool = False, host: str = "127.0.0.1") -> FastAPI:
+               standby: bool = False, host: str = "127.0.0.1", max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
     """The app starts the engine thread and warms it up in the background; /ready turns 200 after.
 
     `faults` (tests and drills only) fails or slows the completion and chat routes on purpose.
@@ -54,6 +55,7 @@ def create_app(engine: LLMEngine, model_name: str, api_keys: list[str] | None = 
             engine.stop()
 
     app = FastAPI(title="tideflow engine", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
     install_error_handlers(app, on_error=lambda status: engine.metrics.requests.labels(f"http_{status}").inc())
 
     @app.get("/health")
@@ -129,13 +131,13 @@ def create_app(engine: LLMEngine, model_name: str, api_keys: list[str] | None = 
 
     @served.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
-        prompt, params = prepare(engine, model_name, body)
+        prompt, params = await asyncio.to_thread(prepare, engine, model_name, body)  # tokenizing: off the event loop
         faults.check()
         return await respond_completion(body, request, faults.slow(engine.stream(prompt, params)))
 
     @served.post("/v1/chat/completions")
     async def chat(body: ChatCompletionRequest, request: Request):
-        prompt, params = prepare(engine, model_name, body)
+        prompt, params = await asyncio.to_thread(prepare, engine, model_name, body)
         faults.check()
         return await respond_chat(body, request, faults.slow(engine.stream(prompt, params)))
 

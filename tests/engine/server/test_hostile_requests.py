@@ -79,3 +79,16 @@ def test_hostile_requests_in_the_same_batch_leave_the_others_whole(server):
         t.join(timeout=120)
     assert normal == ["length"] * 6
     assert sorted(hostile) == ["length"] * 3
+
+
+def test_an_oversized_body_is_a_413_before_any_work(server):
+    big = '{"model": "tiny", "prompt": "' + "x" * (9 << 20) + '"}'
+    before = server.counter("tideflow_requests_total", status="ok")
+    with server.client() as c:
+        r = c.post("/v1/completions", content=big, headers={"content-type": "application/json"})
+        assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
+        chunked = c.post("/v1/completions", content=iter([big[i:i + 65536].encode() for i in range(0, len(big), 65536)]),
+                         headers={"content-type": "application/json"})
+        assert chunked.status_code == 413  # no Content-Length: counted as it arrives
+        assert c.get("/health").status_code == 200
+    assert server.counter("tideflow_requests_total", status="ok") == before
