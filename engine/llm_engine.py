@@ -369,6 +369,7 @@ class LLMEngine:
             self.scheduler.add(req.seq, time.monotonic())
         while self._imports and self._admit_import(self._imports[0]):
             self._imports.popleft()
+        aborted = bool(self._aborts)
         while self._aborts:
             request_id = self._aborts.popleft()
             seq = self.scheduler.abort(request_id)
@@ -376,6 +377,8 @@ class LLMEngine:
             if seq is not None and req is not None:
                 self.metrics.requests.labels("aborted").inc()
                 req.sink(self._output(req, [], "", "abort"))
+        if aborted:
+            self._publish_load()
 
     def _admit_import(self, req: _Request) -> bool:
         """Place a prefilled sequence's KV into fresh blocks and resume it; False to retry later."""
@@ -516,6 +519,12 @@ class LLMEngine:
         m.prefix_queried.inc(stats.queried - self._seen_prefix[0])
         m.prefix_hit.inc(stats.hit - self._seen_prefix[1])
         self._seen_prefix = (stats.queried, stats.hit)
+        self._publish_load()
+
+    def _publish_load(self) -> None:
+        """Load figures the balancers and the autoscaler read (/internal/stats, gauges): after every step,
+        and after aborts, which free blocks with no step to follow when the engine goes idle."""
+        m = self.metrics
         m.queue_depth.set(self.num_queued)
         m.running.set(len(self.scheduler.running))
         self.stats = {"queued": self.num_queued, "running": len(self.scheduler.running),

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from engine.sampling import SamplingParams, make_generator, sample
-from tests.engine.server.conftest import API_KEY, MODEL
+from tests.engine.server.conftest import API_KEY, MODEL, wait_until
 
 
 def test_degenerate_sampling_parameters_give_a_token_not_an_error():
@@ -92,3 +92,16 @@ def test_an_oversized_body_is_a_413_before_any_work(server):
         assert chunked.status_code == 413  # no Content-Length: counted as it arrives
         assert c.get("/health").status_code == 200
     assert server.counter("tideflow_requests_total", status="ok") == before
+
+
+def test_stats_are_current_after_aborted_requests(server):
+    with server.client() as c:
+        free = c.get("/internal/stats").json()["kv_blocks_free"]
+        body = {"model": MODEL, "prompt": "a long answer please", "max_tokens": 2000, "stream": True,
+                "ignore_eos": True}
+        for _ in range(2):
+            with c.stream("POST", "/v1/completions", json=body) as r:
+                next(r.iter_lines())  # the request runs; the client then goes away mid-stream
+        assert wait_until(lambda: c.get("/internal/stats").json() == {"ready": True, "queued": 0, "running": 0,
+                                                                      "kv_blocks_free": free,
+                                                                      "queued_prefill_tokens": 0}, timeout=30)
