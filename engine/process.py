@@ -149,6 +149,11 @@ def adopt(name: str, pid: int, ticks: int, log_path: Path) -> Adopted | None:
     return Adopted(name, pid, ticks, log_path) if start_ticks(pid) == ticks else None
 
 
+def loopback_members(host: str) -> list[str]:
+    """Router flags for a fleet bound to loopback: it accepts member endpoints on loopback only."""
+    return ["--member-network", "127.0.0.0/8"] if host.startswith("127.") or host == "localhost" else []
+
+
 def tideflow_argv(*args: str) -> list[str]:
     """Run the CLI with this interpreter, so children use the same environment."""
     return [sys.executable, "-m", "flows.cli", *args]

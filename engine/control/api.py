@@ -16,7 +16,7 @@ from engine.control.models import (ApplyGroup, AutoscalerBody, AutoscalerView, C
 from engine.control.store import Event
 from engine.router.registry import GROUP_NAME_PATTERN
 from engine.scaling.pool import ScaleResult
-from engine.server.auth import BearerAuth
+from engine.server.auth import BearerAuth, publish_openapi
 from engine.server.limits import BodyLimit
 from engine.server.errors import APIError, install_error_handlers
 
@@ -26,8 +26,9 @@ GroupName = Annotated[str, Path(pattern=GROUP_NAME_PATTERN, description="group n
 def create_control_app(controller: Controller, on_down: Callable[[], None]) -> FastAPI:
     """`on_down` ends the serving process after `POST /v1/down` has stopped the fleet."""
     auth = BearerAuth([controller.admin_key])
-    app = FastAPI(title="tideflow controller", docs_url=None, redoc_url=None)
+    app = FastAPI(title="tideflow controller", docs_url=None, redoc_url=None, openapi_url=None)
     app.add_middleware(BodyLimit, max_bytes=1 << 20)  # specs and small bodies only
+    publish_openapi(app, auth)
     install_error_handlers(app)
     api = APIRouter(dependencies=[Depends(auth)])
 

@@ -27,7 +27,7 @@ from engine.group.manager import GroupManager, GroupState, ManagedGroup, Supervi
 from engine.group.spec import InferenceGroup, Member
 from engine.http import bearer_client
 from engine.paths import home
-from engine.process import Adopted, Child, adopt, free_port, start_service, tideflow_argv, wait_http_ok
+from engine.process import Adopted, Child, adopt, free_port, loopback_members, start_service, tideflow_argv, wait_http_ok
 from engine.router.admin import RouterAdmin, RouterAdminError, scrape_members
 from engine.router.app import ADMIN_KEYS_ENV, UPSTREAM_KEY_ENV
 from engine.scaling.autoscaler import Autoscaler
@@ -115,7 +115,8 @@ class Controller:
         env = {"TIDEFLOW_API_KEYS": self.client_key, ADMIN_KEYS_ENV: self._router_admin_key,
                UPSTREAM_KEY_ENV: self._member_key}
         argv = tideflow_argv("router", "--host", self.config.host, "--port", str(port), "--model-name",
-                             self.config.model_name, "--model-dir", str(self.config.model_dir), *self.config.router_args)
+                             self.config.model_name, "--model-dir", str(self.config.model_dir),
+                             *loopback_members(self.config.host), *self.config.router_args)
         child = start_service(f"router-{port}", argv, home() / "logs" / f"router-{port}.log", url + "/health", 60, env)
         self.store.set_router(RouterRecord(pid=child.pid, ticks=child.start_ticks, port=port, log_path=str(child.log_path)))
         self._use_router(child, url)

@@ -15,7 +15,7 @@ from engine.group.local import LocalProcessBackend
 from engine.group.manager import GroupManager, ManagedGroup, SupervisionPolicy
 from engine.group.spec import InferenceGroup
 from engine.paths import home
-from engine.process import free_port, start_service, tideflow_argv
+from engine.process import free_port, loopback_members, start_service, tideflow_argv
 from engine.router.admin import RouterAdmin
 from engine.router.app import ADMIN_KEYS_ENV, UPSTREAM_KEY_ENV
 
@@ -44,7 +44,7 @@ class LocalGroupSet:
         logs = home() / "logs"
         env = {"TIDEFLOW_API_KEYS": self.client_key, ADMIN_KEYS_ENV: self._admin_key, UPSTREAM_KEY_ENV: self._member_key}
         argv = tideflow_argv("router", "--host", config.host, "--port", str(port), "--model-name", config.model_name,
-                             "--model-dir", str(config.model_dir), *config.router_args)
+                             "--model-dir", str(config.model_dir), *loopback_members(config.host), *config.router_args)
         self.router = start_service(f"router-{port}", argv, logs / f"router-{port}.log", self.url + "/health", 60, env)
         self.admin = RouterAdmin(self.url, self._admin_key)
         self.backend = LocalProcessBackend(config.model_dir, self._member_key, config.model_name, logs, config.host)

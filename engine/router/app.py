@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
+from urllib.parse import urlsplit
 from contextlib import asynccontextmanager
 
 import httpx
@@ -22,7 +24,7 @@ from engine.router.prompt import PromptPreparer
 from engine.router.proxy import Proxy
 from engine.router.ratelimit import RateLimiter
 from engine.router.registry import GROUP_NAME_PATTERN, GroupName, GroupRegistration, Registry, Weight
-from engine.server.auth import BearerAuth
+from engine.server.auth import BearerAuth, publish_openapi
 from engine.server.limits import BodyLimit
 from engine.server.errors import APIError, error_response, install_error_handlers, validation_message
 from engine.server.protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
@@ -63,8 +65,9 @@ def create_router_app(config: RouterConfig, api_keys: list[str], admin_keys: lis
             yield
             await monitor.stop()
 
-    app = FastAPI(title="tideflow router", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app = FastAPI(title="tideflow router", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes)
+    publish_openapi(app, admin_auth)
     install_error_handlers(app)
 
     def client_key(request: Request) -> None:
@@ -120,6 +123,10 @@ def create_router_app(config: RouterConfig, api_keys: list[str], admin_keys: lis
 
     @app.post("/admin/groups", dependencies=[Depends(admin_auth)])
     async def register(reg: GroupRegistration) -> dict:
+        if config.member_networks is not None:
+            outside = [e.url for e in reg.endpoints if not in_networks(e.url, config.member_networks)]
+            if outside:
+                raise APIError(400, f"{outside[0]} is outside the member networks this router accepts", "endpoints")
         registry.register(reg)
         return {"registered": reg.name}
 
@@ -139,6 +146,18 @@ def create_router_app(config: RouterConfig, api_keys: list[str], admin_keys: lis
 
     app.state.registry = registry
     return app
+
+
+def in_networks(url: str, networks) -> bool:
+    """The URL's host is an IP literal inside one of `networks` (or localhost, when loopback is allowed)."""
+    host = urlsplit(url).hostname or ""
+    if host == "localhost":
+        host = "127.0.0.1"
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return False  # a name could resolve anywhere: only literals are checked against the list
+    return any(address in net for net in networks)
 
 
 def _no_pd(api: str, body: dict) -> list[int]:

@@ -17,6 +17,8 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--request-timeout-s", type=float, default=300.0)
     p.add_argument("--max-attempts", type=int, default=3)
     p.add_argument("--health-interval-s", type=float, default=0.5)
+    p.add_argument("--member-network", action="append", default=None, metavar="CIDR",
+                   help="accept member endpoints only in this network (repeatable; default: any host)")
     p.add_argument("--max-body-bytes", type=int, default=8 << 20, help="largest request body accepted (413 above)")
     p.set_defaults(func=_run)
 
@@ -33,7 +35,7 @@ def _run(args: argparse.Namespace) -> int:
     config = RouterConfig(host=args.host, port=args.port, model_name=args.model_name, model_dir=args.model_dir,
                           rate_limit_rps=args.rate_limit_rps, request_timeout_s=args.request_timeout_s,
                           max_attempts=args.max_attempts, health_interval_s=args.health_interval_s,
-                          max_body_bytes=args.max_body_bytes)
+                          max_body_bytes=args.max_body_bytes, member_networks=args.member_network)
     app = create_router_app(config, load_api_keys(args.api_key_file), keys_from_env(ADMIN_KEYS_ENV),
                             os.environ.get(UPSTREAM_KEY_ENV))
     uvicorn.run(app, host=config.host, port=config.port, log_level="warning", timeout_graceful_shutdown=5)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, IPvAnyNetwork
 
 
 class RouterConfig(BaseModel):
@@ -20,6 +20,8 @@ class RouterConfig(BaseModel):
     health_interval_s: float = Field(0.5, gt=0, description="period of the /ready probes")
     eject_after: int = Field(2, ge=1, description="failed probes before an endpoint is ejected")
     readmit_after: int = Field(2, ge=1, description="passed probes before an ejected endpoint is re-admitted")
+    member_networks: list[IPvAnyNetwork] | None = Field(
+        None, description="networks member endpoints must be in (IP literals or localhost only); None = any host")
     max_body_bytes: int = Field(8 << 20, ge=1024, description="largest request body accepted (413 above)")
     rate_limit_rps: float | None = Field(None, gt=0, description="requests per second per API key (None = off)")
     rate_limit_burst: int = Field(20, ge=1, description="bucket size of the per-key limiter")

@@ -15,7 +15,7 @@ from engine.faults import FaultInjector
 from engine.llm_engine import LLMEngine, RequestOutput, RequestStream
 from engine.scaling.silent import InstanceState, ServingSwitch
 from engine.server.admin_routes import admin_routes
-from engine.server.auth import BearerAuth
+from engine.server.auth import BearerAuth, publish_openapi
 from engine.server.errors import APIError, error_response, install_error_handlers
 from engine.server.limits import DEFAULT_MAX_BODY_BYTES, BodyLimit
 from engine.server.pd_routes import pd_routes
@@ -56,6 +56,7 @@ def create_app(engine: LLMEngine, model_name: str, api_keys: list[str] | None = 
 
     app = FastAPI(title="tideflow engine", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
+    publish_openapi(app, auth)
     install_error_handlers(app, on_error=lambda status: engine.metrics.requests.labels(f"http_{status}").inc())
 
     @app.get("/health")

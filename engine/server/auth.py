@@ -43,3 +43,13 @@ class BearerAuth:
         given = token.strip().encode()
         if not any(hmac.compare_digest(given, k) for k in self._keys):
             raise APIError(401, "incorrect API key provided", code="invalid_api_key")
+
+
+def publish_openapi(app, auth: BearerAuth) -> None:
+    """GET /openapi.json behind `auth` (the app is built with openapi_url=None): clients and fuzzers read
+    the schema with a key, like every other route."""
+    from fastapi import Depends
+
+    @app.get("/openapi.json", include_in_schema=False, dependencies=[Depends(auth)])
+    async def openapi() -> dict:
+        return app.openapi()
