@@ -8,17 +8,14 @@ Prompts containing FAIL get HTTP 500; prompts containing BREAK lose their connec
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import socket
-import threading
-import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 
 import uvicorn
 from fastapi import FastAPI, HTTPException
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, Field
 
+from engine.server.inproc import serve_in_thread
 from engine.server.protocol import (
     ChatCompletionChunk, ChatCompletionRequest, ChatDelta, ChatStreamChoice, CompletionChoice, CompletionRequest,
     CompletionResponse, ErrorDetail, ErrorResponse, ModelCard, ModelList, new_id, usage,
@@ -109,26 +106,10 @@ def create_reference_app(model: str, latency: ReferenceLatency) -> FastAPI:
     return app
 
 
-@contextlib.contextmanager
-def serve_reference(model: str = "reference", latency: ReferenceLatency | None = None) -> Iterator[str]:
-    """Run the reference server on 127.0.0.1 (free port) in a thread; yield its base URL; always stop it."""
-    app = create_reference_app(model, latency or ReferenceLatency())
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", loop="asyncio", http="h11"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="reference-server", daemon=True)
-    thread.start()
-    try:
-        deadline = time.monotonic() + 30
-        while not server.started:
-            if time.monotonic() > deadline or not thread.is_alive():
-                raise RuntimeError("reference server did not start")
-            time.sleep(0.02)
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=30)
-        sock.close()
+def serve_reference(model: str = "reference", latency: ReferenceLatency | None = None):
+    """Run the reference server on 127.0.0.1 (free port) in a thread; a context manager yielding its base URL."""
+    return serve_in_thread(create_reference_app(model, latency or ReferenceLatency()), "reference-server",
+                           loop="asyncio", http="h11")
 
 
 def main() -> None:

@@ -5,15 +5,10 @@ be made to answer like this)."""
 
 from __future__ import annotations
 
-import contextlib
-import socket
-import threading
-import time
 
 import httpx
 import pytest
 import schemathesis
-import uvicorn
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse, StreamingResponse
 from hypothesis import HealthCheck, given, settings
@@ -21,27 +16,9 @@ from hypothesis import strategies as st
 
 from engine.router.app import create_router_app
 from engine.router.config import RouterConfig
+from engine.server.inproc import serve_in_thread
 
 CLIENT, ADMIN = "client-key", "admin-key"
-
-
-@contextlib.contextmanager
-def served(app):
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert time.monotonic() < deadline and thread.is_alive(), "uvicorn did not start"
-        time.sleep(0.02)
-    try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=30)
-        sock.close()
 
 
 def misbehaving_upstream() -> FastAPI:
@@ -69,10 +46,10 @@ def misbehaving_upstream() -> FastAPI:
 
 @pytest.fixture(scope="module")
 def router():
-    with served(misbehaving_upstream()) as upstream:
+    with serve_in_thread(misbehaving_upstream()) as upstream:
         config = RouterConfig(rate_limit_rps=0.01, rate_limit_burst=3, health_interval_s=0.2, max_attempts=2,
                               member_networks=["127.0.0.0/8"])  # the fuzzer may register nothing else
-        with served(create_router_app(config, [CLIENT, "other-key"], [ADMIN])) as url:
+        with serve_in_thread(create_router_app(config, [CLIENT, "other-key"], [ADMIN])) as url:
             admin = httpx.Client(base_url=url, headers={"authorization": f"Bearer {ADMIN}"}, trust_env=False)
             r = admin.post("/admin/groups", json={"name": "bad", "version": "v1",
                                                   "endpoints": [{"url": upstream, "role": "colocated"}]})

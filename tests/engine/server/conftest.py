@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import contextlib
-import socket
-import threading
 import time
 
 import httpx
 import pytest
-import uvicorn
 
 from engine.llm_engine import EngineConfig, LLMEngine
 from engine.model.loader import load_model
 from engine.server.app import create_app
+from engine.server.inproc import serve_in_thread
 from engine.tokenizer import Tokenizer
 
 API_KEY = "test-key-123"
@@ -37,26 +35,11 @@ class Served:
 def serve(model_dir, config: EngineConfig, keys=(API_KEY,), warm_up: bool = True):
     model, tokenizer = load_model(model_dir), Tokenizer(model_dir)
     engine = LLMEngine(model, tokenizer, config)
-    app = create_app(engine, MODEL, list(keys), warm_up=warm_up)
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    try:
-        deadline = time.monotonic() + 30
-        while not server.started:
-            if time.monotonic() > deadline or not thread.is_alive():
-                raise RuntimeError("uvicorn did not start")
-            time.sleep(0.02)
-        served = Served(engine, f"http://127.0.0.1:{sock.getsockname()[1]}")
+    with serve_in_thread(create_app(engine, MODEL, list(keys), warm_up=warm_up), "engine") as url:
+        served = Served(engine, url)
         if warm_up:
             wait_ready(served)
         yield served
-    finally:
-        server.should_exit = True
-        thread.join(timeout=30)
-        sock.close()
 
 
 def wait_ready(served: Served, timeout: float = 60) -> None:

@@ -1,0 +1,33 @@
+"""Serve an ASGI app on a thread of this process, on a socket bound to a free loopback port first (the
+port cannot be taken between choosing and binding). Reference servers and tests use it."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+from typing import Iterator
+
+import uvicorn
+
+
+@contextlib.contextmanager
+def serve_in_thread(app, name: str = "asgi", **config) -> Iterator[str]:
+    """Yield the base URL once uvicorn answers; always stop the server and close the socket."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", **config))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name=name, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not server.started:
+            if time.monotonic() > deadline or not thread.is_alive():
+                raise RuntimeError(f"{name}: uvicorn did not start")
+            time.sleep(0.02)
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+        sock.close()
