@@ -57,10 +57,11 @@ def test_bad_parallel_names_the_field(parallel):
     assert "roles.0.parallel" in message
 
 
-def test_zero_instances_allowed_negative_rejected():
-    group = InferenceGroup.model_validate(pd(roles=[{"role": "prefill", "instances": 0}, {"role": "decode"}]))
-    assert group.total_members == 1
-    assert "roles.1.instances" in error_of(pd(roles=[{"role": "prefill"}, {"role": "decode", "instances": -1}]))
+@pytest.mark.parametrize("instances", [0, -1, 257, 1_000_000])
+def test_instances_outside_1_to_256_are_rejected_naming_the_field(instances):
+    """A role with no instance cannot serve an atomic group; a huge count is what a cluster would refuse."""
+    assert "roles.1.instances" in error_of(pd(roles=[{"role": "prefill"}, {"role": "decode", "instances": instances}]))
+    assert InferenceGroup.model_validate(pd(roles=[{"role": "prefill", "instances": 256}, {"role": "decode"}]))
 
 
 @pytest.mark.parametrize("roles, needle", [
