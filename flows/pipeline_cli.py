@@ -61,7 +61,8 @@ def _release(args: argparse.Namespace) -> int:
         print(f"  runs, artifacts and plots: `tideflow ui` (Prefect data in {os.environ['PREFECT_HOME']})")
         if args.keep_serving or started is None:
             print(f"  serving on {s.router}/v1 (`tideflow status`; `tideflow down` stops it)")
-        ok = s.canary_decision == "promoted" and s.fault_accounted and all(r is not None for r in s.fault_recover_s)
+        ok = (s.canary_decision == "promoted" and s.fault_accounted and s.load_accounted
+              and all(r is not None for r in s.fault_recover_s))
         return 0 if ok or not args.ci else 1
     finally:
         if started is not None and not args.keep_serving:

@@ -57,6 +57,8 @@ class ReleaseSummary(BaseModel):
     load_capacity_rps: float | None
     load_sent: int
     load_ok: int
+    load_error: int
+    load_accounted: bool
     fault_recover_s: list[float | None]
     fault_accounted: bool
     canary_traffic: dict[str, int]
@@ -89,7 +91,8 @@ def release(params: ReleaseParams = ReleaseParams()) -> ReleaseSummary:
     summary = ReleaseSummary(
         router=router_url, kernels_ok=kernels.ok, weights={"v1": stable_url, "v2": new_url},
         canary_decision=report.decision, canary_reason=report.reason, serving=report.weights,
-        load_capacity_rps=drill.capacity_rps, load_sent=drill.sent, load_ok=drill.ok,
+        load_capacity_rps=drill.capacity_rps, load_sent=drill.sent, load_ok=drill.ok, load_error=drill.error,
+        load_accounted=drill.accounted,
         fault_recover_s=[r.recover_s for r in fault.runs], fault_accounted=fault.accounted, canary_traffic=traffic)
     create_markdown_artifact(key="release-summary", markdown=_markdown(summary))
     return summary

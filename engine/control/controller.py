@@ -287,10 +287,11 @@ class Controller:
         if not candidates:
             raise ControlError(404, f"group {name} has no {body.target} member to kill")
         member: Member = sorted(candidates, key=lambda m: (m.instance, m.rank))[0]
-        pid = self.backend.kill_member(handle, member)
-        self.store.event("kill", f"group {name}: SIGKILL {member.role}/{member.instance}/{member.rank} pid {pid}")
+        pid, gone = self.backend.kill_member(handle, member)
+        self.store.event("kill", f"group {name}: SIGKILL {member.role}/{member.instance}/{member.rank} pid {pid}"
+                                 f"{'' if gone else ' (still alive!)'}")
         return Killed(member=f"{member.role}/{member.instance}/{member.rank}", pid=pid, handle=handle.id,
-                      pids_before=sorted(pids.values()))
+                      pids_before=sorted(pids.values()), landed=gone)
 
     def scale_pool(self, body: ScalePool) -> ScaleResult:
         with self._lock:

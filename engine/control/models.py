@@ -36,6 +36,7 @@ class Killed(BaseModel):
     pid: int
     handle: str = Field(description="id of the group's build that was hit (a rebuild gets a new one)")
     pids_before: list[int] = Field(description="every member pid of that build")
+    landed: bool = Field(description="the process was seen gone after the signal (the fault really happened)")
 
 
 class ScalePool(BaseModel):

@@ -58,7 +58,8 @@ class FaultDrillReport(BaseModel):
 
     @property
     def accounted(self) -> bool:
-        return self.sent == self.ok + self.errors
+        """Every issued request ended ok or with an error (`sent` is the load generator's own count)."""
+        return self.sent == self.ok + self.errors and all(r.load.accounted for r in self.runs)
 
 
 def run_fault_drill(client: ControlClient, spec: FaultDrillSpec,
@@ -99,6 +100,9 @@ async def _one(client: ControlClient, spec: FaultDrillSpec, repeat: int) -> Faul
         load.cancel()
         raise FaultDrillError(f"could not kill a {spec.target} member of {spec.group}: {exc}") from None
     t_kill = time.monotonic()
+    if not killed.landed:
+        load.cancel()
+        raise FaultDrillError(f"the kill of {killed.member} pid {killed.pid} did not land: the process is still alive")
     eject_s = await _until(lambda: not _routable(client, spec.group), spec.recovery_timeout_s, t_kill)
     recover_s = await _until(lambda: _rebuilt(client, spec.group, killed.handle), spec.recovery_timeout_s, t_kill)
     report = await load

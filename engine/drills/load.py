@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 import os
 import sys
 import threading
@@ -112,12 +113,23 @@ def _client(spec: LoadDrillSpec) -> openai.AsyncOpenAI:
                               timeout=spec.request_timeout_s, http_client=http)
 
 
+@dataclass
+class Driven:
+    """What `drive` did. `issued` is counted before each request leaves (its own counter, never derived from
+    the records), so a request that vanished without a record shows as issued != ok + error + open."""
+
+    records: list[RequestRecord]
+    issued: int
+    still_open: int
+    started: float
+
+
 async def drive(spec: LoadDrillSpec, plan: list[PlannedRequest], on_done: Callable[[RequestRecord], None],
-                stop: threading.Event | None = None) -> tuple[list[RequestRecord], float]:
-    """Send `plan` on its clock (or until `stop` is set: later arrivals are not sent); return every sent
-    request's record and the start wall time."""
+                stop: threading.Event | None = None) -> Driven:
+    """Send `plan` on its clock (or until `stop` is set: later arrivals are not sent)."""
     records: list[RequestRecord] = []
     pending: set[asyncio.Task] = set()
+    issued = 0
 
     def finish(rec: RequestRecord) -> None:
         records.append(rec)
@@ -132,6 +144,7 @@ async def drive(spec: LoadDrillSpec, plan: list[PlannedRequest], on_done: Callab
                 await asyncio.sleep(delay)
             if stop is not None and stop.is_set():
                 break
+            issued += 1
             if len(pending) >= spec.max_in_flight:
                 now = time.perf_counter() - t0
                 finish(RequestRecord(step=req.step, index=req.index, scheduled_s=req.arrival_s, sent_s=now,
@@ -143,7 +156,7 @@ async def drive(spec: LoadDrillSpec, plan: list[PlannedRequest], on_done: Callab
             task.add_done_callback(lambda t: (pending.discard(t), finish(t.result())))
         while pending:
             await asyncio.wait(set(pending))
-    return sorted(records, key=lambda r: r.index), started
+    return Driven(sorted(records, key=lambda r: r.index), issued, len(pending), started)
 
 
 async def run_load_drill_async(spec: LoadDrillSpec, progress: ProgressCallback | None = None,
@@ -163,17 +176,19 @@ async def run_load_drill_async(spec: LoadDrillSpec, progress: ProgressCallback |
             progress(DrillProgress(total=len(plan), done=counts["ok"] + counts["error"], step=rec.step, **counts))
 
     try:
-        records, started = await drive(spec, plan, on_done, stop)
+        driven = await drive(spec, plan, on_done, stop)
     finally:
         bar.close()
-    plan = plan[: len(records)]
+    records, started = driven.records, driven.started
+    plan = plan[: driven.issued]
     steps = [summarize_step(k, rate, sum(p.step == k for p in plan), [r for r in records if r.step == k], spec)
              for k, rate in enumerate(rates)]
     top = capacity_watermark(steps)
     report = LoadDrillReport(
         spec=spec, started_at=datetime.fromtimestamp(started, timezone.utc).isoformat(), steps=steps,
         capacity_rps=top.offered_rate if top else None, capacity_step=top.step if top else None,
-        sent=len(plan), ok=sum(r.ok for r in records), error=sum(not r.ok for r in records), requests=records,
+        sent=driven.issued, ok=sum(r.ok for r in records), error=sum(not r.ok for r in records),
+        still_open=driven.still_open, requests=records,
     )
     if spec.expectations_suite is not None:
         from engine.drills.expectations import validate_steps

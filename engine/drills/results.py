@@ -83,12 +83,22 @@ class LoadDrillReport(BaseModel):
     steps: list[StepSummary]
     capacity_rps: float | None = Field(None, description="highest offered rate reached with every step up to it holding")
     capacity_step: int | None = None
-    sent: int = Field(ge=0)
+    sent: int = Field(ge=0, description="requests issued, counted before each left (not derived from results)")
     ok: int = Field(ge=0)
     error: int = Field(ge=0)
+    still_open: int = Field(0, ge=0, description="issued requests with no result when the drill ended")
     expectations: ExpectationOutcome | None = None
     files: dict[str, str] = Field(default_factory=dict, description="report kind -> path written")
     requests: list[RequestRecord] = Field(default_factory=list, exclude=True)
+
+    @property
+    def lost(self) -> int:
+        """Issued requests that ended with neither a result nor an error: must be 0."""
+        return self.sent - self.ok - self.error - self.still_open
+
+    @property
+    def accounted(self) -> bool:
+        return self.lost == 0 and self.still_open == 0
 
     def step_frame(self) -> pd.DataFrame:
         """The step table (one row per step), as written to steps.csv and validated by the GX suite."""

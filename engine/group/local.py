@@ -226,10 +226,14 @@ class LocalProcessBackend(Backend):
         if self.ledger is not None:
             self.ledger.forget(handle.id)
 
-    def kill_member(self, handle: GroupHandle, member: Member) -> int:
-        """SIGKILL one member (fault drills); returns its pid."""
+    def kill_member(self, handle: GroupHandle, member: Member, confirm_s: float = 10.0) -> tuple[int, bool]:
+        """SIGKILL one member (fault drills): its pid, and whether the process was seen gone within
+        `confirm_s` (a fault that did not land must not count as one)."""
         child = self._run(handle).children.get(member)
         if child is None:
             raise BackendError(f"group {handle.group} has no member {member.role}/{member.instance}/{member.rank}")
         child.kill()
-        return child.pid
+        deadline = time.monotonic() + confirm_s
+        while child.alive() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return child.pid, not child.alive()

@@ -129,3 +129,26 @@ def test_step_load_finds_the_watermark_writes_reports_and_passes_the_suite(satur
     lossy.steps[1].sent += 1  # a request that never came back
     outcome = validate_steps(lossy, DEFAULT_SUITE)
     assert not outcome.success and any("expect_column_pair_values_to_be_equal" in f for f in outcome.failed)
+
+
+def test_a_request_that_vanishes_without_a_record_fails_the_accounting(known_server, monkeypatch):
+    """`sent` is the generator's own count, taken before each request leaves: a request whose result never
+    comes back (here its task dies without producing a record) leaves sent != ok + error."""
+    from engine.drills import load
+
+    real_send = load._send
+
+    async def lossy_send(client, spec, req, t0):
+        if req.index == 3:
+            raise RuntimeError("this request's record is lost")
+        return await real_send(client, spec, req, t0)
+
+    monkeypatch.setattr(load, "_send", lossy_send)
+    report = run_load_drill(_spec(known_server, rate=20, duration_s=0.5, output_len="fixed:2"))
+    assert report.sent >= 5 and report.lost == 1 and not report.accounted
+    assert report.ok + report.error == report.sent - 1
+
+
+def test_every_issued_request_is_accounted_for(known_server):
+    report = run_load_drill(_spec(known_server, rate=20, duration_s=0.5, output_len="fixed:2"))
+    assert report.sent >= 5 and report.lost == 0 and report.still_open == 0 and report.accounted
