@@ -90,7 +90,7 @@ class Controller:
     def start(self) -> "Controller":
         self._ensure_router()
         self.manager = GroupManager(self.backend, self.admin, self.config.policy, home() / "groups",
-                                    member_key=self._member_key)
+                                    member_key=self._member_key, on_fall=self._replace)
         self._adopt_groups()
         for name, body in self.store.autoscalers().items():
             self.start_autoscaler(AutoscalerBody.model_validate_json(body), record=False)
@@ -195,6 +195,29 @@ class Controller:
             if g.status.state == GroupState.READY and name not in registered and name in desired:
                 g.weight = desired[name].weight
                 g._register()
+
+    def _replace(self, fallen: ManagedGroup, why: str) -> None:
+        """Warm replacement, on the fallen group's supervisor thread the moment it leaves the router: a standby
+        group of the same version and shape takes its weight at once, and the fallen group is rebuilt into
+        the warm pool. With no standby, the other serving groups take the traffic while it is rebuilt.
+        (No controller lock: activation locks only the group it flips, and the store is thread-safe.)"""
+        same = _shape(fallen.spec)
+        for g in list(self.manager.groups.values()):
+            if g is fallen or g.status.state != GroupState.STANDBY or _shape(g.spec) != same:
+                continue
+            g.weight = fallen.weight
+            try:
+                took = g.activate()
+            except BackendError:
+                continue  # taken by another replacement, or it fell too: try the next one
+            fallen.standby = True  # rebuilt silent: it refills the pool
+            self._sync_desired(g)
+            self._sync_desired(fallen)
+            self.store.event("replace", f"{fallen.spec.name} fell ({why}); standby {g.spec.name} serves "
+                                        f"(activated in {took * 1000:.0f} ms); {fallen.spec.name} is rebuilt into the pool")
+            return
+        self.store.event("replace", f"{fallen.spec.name} fell ({why}); no standby of its version: the other "
+                                    "serving groups take its traffic while it is rebuilt")
 
     def _stop_in_background(self, g: ManagedGroup, drain_s: float = 10.0) -> None:
         t = threading.Thread(target=g.drain_and_stop, args=(drain_s,), name=f"stop-{g.spec.name}", daemon=True)
@@ -439,6 +462,11 @@ class _LockedPool:
     def scale_to(self, n: int, floor: int | None = None) -> ScaleResult:
         with self.controller._lock:
             return self.controller._scale(self.pool, n, floor)
+
+
+def _shape(spec: InferenceGroup) -> str:
+    """What makes two groups interchangeable: everything but the name (pool copies differ only by it)."""
+    return spec.model_copy(update={"name": "_", "warm_pool": 0}).model_dump_json()
 
 
 def _by_handle(records: list[MemberRecord]) -> dict[str, list[MemberRecord]]:

@@ -12,6 +12,7 @@ import threading
 import time
 from enum import Enum
 from pathlib import Path
+from typing import Callable
 
 from pydantic import BaseModel, Field
 
@@ -75,6 +76,7 @@ class ManagedGroup:
         self.status = GroupStatus(name=spec.name, version=spec.version, state=GroupState.PENDING)
         self.standby = standby
         self._adopted = adopted  # members an earlier controller started, watched instead of started
+        self.on_fall: Callable[[ManagedGroup, str], None] | None = None  # called when a serving group falls
         self._changed = threading.Condition()
         self._persist_lock = threading.Lock()
         self._stop = threading.Event()
@@ -181,7 +183,13 @@ class ManagedGroup:
             bad = [m for m in members if m.phase in (Phase.FAILED, Phase.EXITED)]
             if bad:
                 self._unregister()  # out of the router first, then everything else
-                return _describe(bad[0])
+                why = _describe(bad[0])
+                if not self.standby and self.on_fall is not None:
+                    try:
+                        self.on_fall(self, why)  # e.g. a standby of the same version takes the traffic now
+                    except Exception:  # a failed replacement must not stop this group's own rebuild
+                        log.exception("group %s: replacement after a fall failed", self.spec.name)
+                return why
         return "stopped"
 
     def _register(self) -> None:
@@ -286,8 +294,9 @@ class GroupManager:
     """All groups of one group set, and the router they register with."""
 
     def __init__(self, backend: Backend, router: RouterAdmin | None, policy: SupervisionPolicy | None = None,
-                 state_dir: Path | None = None, member_key: str | None = None) -> None:
-        self.backend, self.router = backend, router
+                 state_dir: Path | None = None, member_key: str | None = None,
+                 on_fall: Callable[[ManagedGroup, str], None] | None = None) -> None:
+        self.backend, self.router, self.on_fall = backend, router, on_fall
         self.switch = MemberSwitch(member_key)  # the key members accept on their /admin routes
         self.policy = policy or SupervisionPolicy()
         self.state_dir = state_dir
@@ -299,7 +308,9 @@ class GroupManager:
         if spec.name in self.groups and self.groups[spec.name].status.state not in (GroupState.STOPPED, GroupState.FAILED):
             raise BackendError(f"group {spec.name} is already managed ({self.groups[spec.name].status.state.value})")
         managed = ManagedGroup(spec, self.backend, self.router, self.policy, self.state_dir, standby, weight,
-                               self.switch, adopted).start()
+                               self.switch, adopted)
+        managed.on_fall = self.on_fall
+        managed.start()
         self.groups[spec.name] = managed
         return managed
 
