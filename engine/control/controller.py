@@ -82,10 +82,6 @@ class Controller:
         self.manager: GroupManager | None = None
         self._thread = threading.Thread(target=self._loop, name="reconcile", daemon=True)
 
-    @property
-    def member_key(self) -> str:
-        return self._member_key
-
     # -- start: adopt what runs, start what is missing ------------------------------------------
     def start(self) -> "Controller":
         self._ensure_router()
@@ -134,12 +130,9 @@ class Controller:
                 g.router = self.admin
 
     def _adopt_groups(self) -> None:
-        records: dict[str, list[MemberRecord]] = defaultdict(list)
-        for rec in self.store.members():
-            records[rec.handle_id].append(rec)
         desired = self.store.groups()
         by_group: dict[str, list[list[MemberRecord]]] = defaultdict(list)
-        for handle_id, recs in records.items():
+        for recs in _by_handle(self.store.members()).values():
             by_group[recs[0].group].append(recs)
         for name, builds in by_group.items():
             want = desired.get(name)
@@ -172,6 +165,8 @@ class Controller:
         with self._lock:
             if self.router is None or not self.router.alive():
                 self.store.event("router", "router process gone; starting a new one")
+                if self.router is not None:
+                    self.router.stop()  # reap it
                 self._ensure_router()
             desired = self.store.groups()
             managed = self.manager.groups
