@@ -22,8 +22,11 @@ import pytest
 import yaml
 
 from engine.control import discovery
+from engine.control.models import ScalePool
 from engine.group.manager import GroupState
+from engine.group.spec import InferenceGroup
 from engine.process import free_port, start_service, tideflow_argv
+from engine.scaling.policy import Bounds
 from flows.release import SMALL_SAMPLE_SUITE
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
@@ -82,6 +85,14 @@ def states(controller) -> dict[str, GroupState]:
     return {g.name: g.state for g in controller.status().groups}
 
 
+def serve_exactly(controller, n: int) -> None:
+    """Precondition straight through the control API (each test can run alone): n Ready pool groups."""
+    template = InferenceGroup.from_yaml(TEMPLATE)
+    controller.scale_pool(ScalePool(template=template, target=n, floor=n, warm_pool=1,
+                                    bounds=Bounds(min_groups=0, max_groups=3)))
+    _until(lambda: sum(s == GroupState.READY for s in states(controller).values()) == n, 300)
+
+
 def test_tidal_scale_up_then_down_through_the_prefect_api(served, controller):
     bounds = {"min_groups": 0, "max_groups": 3}
     run_deployment(served, "tidal_scale/tidal-scale-up",
@@ -95,6 +106,7 @@ def test_tidal_scale_up_then_down_through_the_prefect_api(served, controller):
 
 
 def test_nightly_drills_run_as_deployments_against_the_fleet(served, controller):
+    serve_exactly(controller, 1)
     run_deployment(served, "load_drill/load-drill-nightly", {"steps": [1.0, 2.0], "hold_s": 3, "output_len": "fixed:8"})
     serving = [n for n, s in states(controller).items() if s == GroupState.READY]
     before = {n: controller.group(n).handle for n in serving}
@@ -106,6 +118,7 @@ def test_nightly_drills_run_as_deployments_against_the_fleet(served, controller)
 
 
 def test_published_weights_trigger_a_canary_on_the_serving_fleet(served, controller):
+    serve_exactly(controller, 1)
     (stable,) = [n for n, s in states(controller).items() if s == GroupState.READY]
     router = openai.OpenAI(base_url=controller.status().router_url + "/v1", api_key=discovery.router_key(),
                            max_retries=2, timeout=60)

@@ -28,6 +28,14 @@ def spec(tiny_model_dir):
         "roles": [{"role": "colocated", "engine": {"kv_cache_bytes": 8_000_000, "max_wait_ms": 0}}]})
 
 
+@pytest.fixture
+def serving(controller, spec):
+    """ctl-a applied and Ready (whatever ran before): each test can run alone."""
+    controller.apply(spec)
+    assert controller.wait_for("ctl-a", {GroupState.READY, GroupState.FAILED}, 120).state == GroupState.READY
+    return controller
+
+
 def cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(tideflow_argv(*args), capture_output=True, text=True, timeout=120)
 
@@ -68,7 +76,8 @@ def test_bad_input_is_a_clear_4xx_and_one_cli_line(controller, tmp_path):
     assert unauth.status_code == 401
 
 
-def test_router_killed_is_restarted_with_every_ready_group(controller, spec):
+def test_router_killed_is_restarted_with_every_ready_group(serving):
+    controller = serving
     status = controller.status()
     router = status.router_url
     os.kill(status.router_pid, signal.SIGKILL)
@@ -87,7 +96,8 @@ def test_router_killed_is_restarted_with_every_ready_group(controller, spec):
     assert any(e.kind == "router" and "gone" in e.message for e in controller.events())
 
 
-def test_sigkill_controller_under_load_loses_nothing_and_readopts(controller, spec, tideflow_home, request):
+def test_sigkill_controller_under_load_loses_nothing_and_readopts(serving, spec, tideflow_home, request):
+    controller = serving
     before = controller.group("ctl-a")
     assert before.state == GroupState.READY
     pids_before = {m.pid for m in before.members}
