@@ -79,7 +79,8 @@ def _conclude(decision: str, stable: str, canary: str, plan: CanaryPlan, steps: 
                                           percent=report.weights.get(canary, 0.0) if decision == "promoted" else 0.0,
                                           decision=decision, reason=reason))
     create_markdown_artifact(key="canary-decision", markdown=f"### {canary} over {stable}: **{decision}**\n\n{reason}\n\n"
-                             f"weights after: {report.weights}")
+                             f"weights after: {report.weights}"
+                             + (f"\n\nafterwards: {report.aftermath}" if report.aftermath else ""))
     return report
 
 

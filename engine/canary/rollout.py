@@ -49,6 +49,8 @@ class CanaryReport(BaseModel):
     steps: list[StepReport] = Field(default_factory=list)
     weights: dict[str, float] = Field(default_factory=dict, description="router weights after the decision")
     suite: str = Field(description="name of the gate suite")
+    aftermath: str = Field("", description="what could not be done after the decision (e.g. the stable group "
+                                           "not parked yet because it still had open requests)")
 
     def table(self) -> list[dict]:
         """The step table the gates judged (one row per step)."""
@@ -179,6 +181,7 @@ def _baseline(stable: GroupFigures, index: int, step: CanaryStep, done: list[Ste
 def conclude(target: Target, admin: RouterVerbs, stable: str, canary: str, plan: CanaryPlan, steps: list[StepReport],
             decision: Decision, reason: str, gates: GateSuite, notify: Progress) -> CanaryReport:
     promoted = decision == "promoted"
+    aftermath = ""
     shift_weights(admin, stable, canary, 100.0 if promoted else 0.0)
     leaving = stable if promoted else canary
     _drain(admin, leaving, plan.drain_s)
@@ -190,13 +193,19 @@ def conclude(target: Target, admin: RouterVerbs, stable: str, canary: str, plan:
         else:
             admin.deregister(leaving)  # only a router: take it out of routing
     elif action == "park" and fleet is not None:
-        fleet.park(leaving, plan.drain_s)  # to the warm pool: loaded, KV released, not routed
+        try:
+            fleet.park(leaving, plan.drain_s)  # to the warm pool: loaded, KV released, not routed
+        except TideflowError as exc:
+            # Parking never cuts a request off: a backlog longer than drain_s keeps the group Ready at
+            # weight 0 (no new traffic) until it is parked later. The decision itself stands.
+            aftermath = f"{leaving} stays Ready at weight 0, not parked yet: {exc}"
+            log.warning("canary %s over %s: %s", canary, stable, aftermath)
     last = steps[-1]
     notify(CanaryEvent(kind=decision, step=last.index, percent=last.percent, message=reason))
     log.info("canary %s over %s: %s (%s)", canary, stable, decision, reason)
     weights = {g["name"]: g["weight"] for g in admin.groups()}
     return CanaryReport(stable=stable, canary=canary, decision=decision, reason=reason, steps=steps, weights=weights,
-                        suite=gates.name)
+                        suite=gates.name, aftermath=aftermath)
 
 
 def _drain(admin: RouterVerbs, name: str, drain_s: float) -> None:
