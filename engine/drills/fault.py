@@ -42,7 +42,8 @@ class FaultRun(BaseModel):
     repeat: int
     killed: str = Field(description="role/instance/rank and pid of the killed member")
     eject_s: float | None = Field(description="kill -> the router no longer routes to the group")
-    recover_s: float | None = Field(description="kill -> the group is Ready again")
+    recover_s: float | None = Field(description="kill -> the group is rebuilt: Ready again, or Standby in the pool "
+                                                "when a warm standby took its place")
     all_members_new: bool
     load: LoadDrillReport
 
@@ -116,8 +117,10 @@ def _routable(client: ControlClient, name: str) -> bool:
 
 
 def _rebuilt(client: ControlClient, name: str, old_handle: str) -> bool:
+    """Rebuilt whole (a new build) and back: Ready, or Standby when a warm standby took its place and it
+    was rebuilt into the pool."""
     view = client.group(name)
-    return view.state == GroupState.READY and view.handle not in (None, old_handle)
+    return view.state in (GroupState.READY, GroupState.STANDBY) and view.handle not in (None, old_handle)
 
 
 async def _until(condition, timeout_s: float, since: float) -> float | None:
