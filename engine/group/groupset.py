@@ -1,6 +1,6 @@
 """A group set owned by one Python process: a router process plus the GroupManager that registers groups in it.
 
-Tests, benchmarks and `tideflow group up` use it directly; fleets that flows act on live in the
+Tests and benchmarks use it directly; fleets that flows act on live in the
 controller (engine/control/), which outlives every flow run.
 """
 
