@@ -42,9 +42,12 @@ def controller_model_dir():
 
 @pytest.fixture(scope="module")
 def served(tideflow_home, controller, tmp_path_factory):
-    """`tideflow ui` on a free port, serving the shipped deployments; the canary trigger's plan is
-    shortened for a laptop (a copy of prefect.yaml, passed with --prefect-file)."""
+    """`tideflow ui` on a free port, serving the shipped deployments from a copy of prefect.yaml (passed with
+    --prefect-file): the canary trigger's plan shortened for a laptop, and the cron schedules left out, so
+    that a scheduled run (08:00 in Shanghai is 00:00 UTC) cannot scale the fleet in the middle of a test."""
     shipped = yaml.safe_load((REPO / "deployments" / "prefect.yaml").read_text())
+    for deployment in shipped["deployments"]:
+        deployment.pop("schedules", None)
     (canary,) = [d for d in shipped["deployments"] if d["name"] == "canary-release"]
     canary["triggers"][0]["parameters"]["params"]["plan"] = {
         "steps": [{"percent": p, "hold_s": 3, "min_requests": 3, "max_hold_s": 90} for p in (50, 100)],
