@@ -184,6 +184,7 @@ class ManagedGroup:
             if bad:
                 self._unregister()  # out of the router first, then everything else
                 why = _describe(bad[0])
+                self._event(GroupState.STARTING, f"a member failed: {why}")  # never shown Ready (or Standby) while down
                 if not self.standby and self.on_fall is not None:
                     try:
                         self.on_fall(self, why)  # e.g. a standby of the same version takes the traffic now
