@@ -9,3 +9,11 @@ import httpx
 def bearer_client(key: str | None, base_url: str = "", timeout_s: float = 5.0) -> httpx.Client:
     headers = {"authorization": f"Bearer {key}"} if key else {}
     return httpx.Client(base_url=base_url.rstrip("/"), headers=headers, timeout=timeout_s, trust_env=False)
+
+
+def bearer_async_client(key: str | None, base_url: str = "", timeout_s: float = 5.0,
+                        limits: httpx.Limits | None = None) -> httpx.AsyncClient:
+    """The same, for the asyncio services (the router)."""
+    headers = {"authorization": f"Bearer {key}"} if key else {}
+    return httpx.AsyncClient(base_url=base_url.rstrip("/"), headers=headers, timeout=timeout_s, trust_env=False,
+                             limits=limits or httpx.Limits())

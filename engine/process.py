@@ -28,16 +28,21 @@ def free_port(host: str = "127.0.0.1") -> int:
     with _port_lock:
         for _ in range(200):
             port = random.randint(*_PORT_RANGE)
-            if port in _handed_out:
+            if port in _handed_out or not port_free(host, port):
                 continue
-            with socket.socket() as s:
-                try:
-                    s.bind((host, port))
-                except OSError:
-                    continue
             _handed_out.add(port)
             return port
     raise OSError(f"no free port in {_PORT_RANGE[0]}-{_PORT_RANGE[1]} on {host}")
+
+
+def port_free(host: str, port: int) -> bool:
+    """Nobody listens on `port` now (a restarted service takes its old port back when it can)."""
+    with socket.socket() as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
 
 
 def start_ticks(pid: int) -> int | None:

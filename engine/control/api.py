@@ -15,6 +15,7 @@ from engine.control.models import (ApplyGroup, AutoscalerBody, AutoscalerView, C
                                    GroupView, Killed, KillMember, ParkBody, ScalePool, Seconds, WeightsBody)
 from engine.control.store import Event
 from engine.router.registry import GROUP_NAME_PATTERN
+from engine.router.sync import RouteSet, RouterReport
 from engine.scaling.pool import ScaleResult
 from engine.server.auth import BearerAuth, publish_openapi
 from engine.server.limits import BodyLimit
@@ -26,6 +27,7 @@ GroupName = Annotated[str, Path(pattern=GROUP_NAME_PATTERN, description="group n
 def create_control_app(controller: Controller, on_down: Callable[[], None]) -> FastAPI:
     """`on_down` ends the serving process after `POST /v1/down` has stopped the fleet."""
     auth = BearerAuth([controller.admin_key])
+    router_auth = BearerAuth([controller.routes_key, controller.admin_key])  # router replicas: the route set only
     app = FastAPI(title="tideflow controller", docs_url=None, redoc_url=None, openapi_url=None)
     app.add_middleware(BodyLimit, max_bytes=1 << 20)  # specs and small bodies only
     publish_openapi(app, auth)
@@ -99,8 +101,19 @@ def create_control_app(controller: Controller, on_down: Callable[[], None]) -> F
 
     @api.get("/v1/router/groups")
     def router_groups() -> dict:
-        """The router's own view: weights, routable, in-flight counts (canary and drains read it)."""
-        return {"groups": controller.admin.groups()}
+        """The routed groups with the replicas' view: weights, routable, in-flight counts (canary and drains read it)."""
+        return {"groups": controller.routes.groups()}
+
+    @app.get("/v1/routes", dependencies=[Depends(router_auth)])
+    def routes(after: Annotated[int, Query(ge=0)] = 0,
+               wait_s: Annotated[float, Query(ge=0, le=60)] = 0.0) -> RouteSet:
+        """Long poll: answers once the route set's revision differs from `after`, or after `wait_s`."""
+        return controller.routes.watch(after, wait_s)
+
+    @app.post("/v1/routes/report", dependencies=[Depends(router_auth)])
+    def report(body: RouterReport) -> dict:
+        controller.routes.report(body)
+        return {"revision": controller.routes.revision}
 
     @api.get("/v1/metrics/members")
     def member_metrics() -> dict:

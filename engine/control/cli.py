@@ -16,12 +16,17 @@ from engine.errors import TideflowError
 def add_commands(subparsers: argparse._SubParsersAction) -> None:
     c = subparsers.add_parser("controller", help="run the control plane (owns the router, groups, warm pools)")
     c.add_argument("--host", default="127.0.0.1", help="bind address of the API, the router and the members")
-    c.add_argument("--port", type=int, default=0, help="control API port (default: any free port)")
+    c.add_argument("--port", type=int, default=0, help="control API port (default: the last one, else any free)")
     c.add_argument("--router-port", type=int, default=0, help="router port (default: the last one, else any free)")
     c.add_argument("--model-dir", type=Path, default=None,
                    help="router tokenizer / default checkpoint (default: $TIDEFLOW_HOME/models/default, written if missing)")
     c.add_argument("--model-name", default="default", help="model id clients ask the router for")
     c.set_defaults(func=_controller)
+
+    r = subparsers.add_parser("router-replica", help="one more router serving the groups of this home's controller")
+    r.add_argument("--host", default="127.0.0.1", help="bind address")
+    r.add_argument("--port", type=int, required=True, help="OpenAI API port of this replica")
+    r.set_defaults(func=_router_replica)
 
     s = subparsers.add_parser("status", help="the fleet as the controller sees it")
     s.add_argument("--json", action="store_true", help="machine-readable")
@@ -40,7 +45,7 @@ def _controller(args: argparse.Namespace) -> int:
     from engine.control.controller import Controller, ControllerConfig
     from engine.default_model import write_default_model
     from engine.paths import default_model_dir
-    from engine.process import free_port, start_ticks
+    from engine.process import start_ticks
 
     try:
         running = discovery.find()
@@ -52,11 +57,11 @@ def _controller(args: argparse.Namespace) -> int:
     model_dir = args.model_dir or default_model_dir()
     if args.model_dir is None and not (model_dir / "config.json").exists():
         write_default_model(model_dir)
-    port = args.port or free_port(args.host)
-    config = ControllerConfig(model_dir=model_dir, model_name=args.model_name, host=args.host, port=port,
+    config = ControllerConfig(model_dir=model_dir, model_name=args.model_name, host=args.host, port=args.port,
                               router_port=args.router_port)
     controller = Controller(config).start()
-    info = discovery.ControllerInfo(url=f"http://{args.host}:{port}", admin_key=controller.admin_key,
+    port = controller.port
+    info = discovery.ControllerInfo(url=controller.url, admin_key=controller.admin_key,
                                     pid=os.getpid(), ticks=start_ticks(os.getpid()))
     server: uvicorn.Server | None = None
 
@@ -78,6 +83,32 @@ def _controller(args: argparse.Namespace) -> int:
     return 0
 
 
+def _router_replica(args: argparse.Namespace) -> int:
+    """`tideflow router` watching this home's controller, with the keys from its store (the same client key,
+    so clients may use any replica). Replaces this process: a supervisor sees the router itself."""
+    from engine.control import discovery
+    from engine.control.controller import router_env
+    from engine.control.store import Store
+    from engine.paths import home
+    from engine.process import loopback_members, tideflow_argv
+
+    info = discovery.find()
+    if info.pid is None:
+        raise TideflowError(f"{discovery.URL_ENV} names a remote controller: run `tideflow router --controller-url "
+                            f"{info.url}` there with its keys (deployments/kubernetes/router.yaml does)")
+    store = Store(home() / "controller.db")
+    try:
+        env, model_dir, model_name = router_env(store), store.setting("model_dir"), store.setting("model_name")
+    finally:
+        store.close()
+    if not model_dir or not model_name:
+        raise TideflowError(f"the controller at {info.url} recorded no model; restart it with `tideflow controller`")
+    argv = tideflow_argv("router", "--host", args.host, "--port", str(args.port), "--model-name", model_name,
+                         "--model-dir", model_dir, "--controller-url", info.url, *loopback_members(args.host))
+    os.execve(argv[0], argv, {**os.environ, **env})
+    return 0  # not reached
+
+
 def _status(args: argparse.Namespace) -> int:
     from engine.control.client import ControlClient
 
@@ -86,7 +117,8 @@ def _status(args: argparse.Namespace) -> int:
     if args.json:
         print(status.model_dump_json(indent=2))
         return 0
-    print(f"router: {status.router_url}/v1   controller pid {status.controller_pid}")
+    print(f"router: {status.router_url}/v1   controller pid {status.controller_pid}   "
+          f"router replicas watching: {len(status.router_replicas)}")
     if not status.groups:
         print("no groups")
     for g in status.groups:

@@ -27,9 +27,12 @@ from engine.group.manager import GroupManager, GroupState, ManagedGroup, Supervi
 from engine.group.spec import InferenceGroup, Member
 from engine.http import bearer_client
 from engine.paths import home
-from engine.process import Adopted, Child, adopt, free_port, loopback_members, start_service, tideflow_argv, wait_http_ok
-from engine.router.admin import RouterAdmin, RouterAdminError, scrape_members
+from engine.process import (Adopted, Child, adopt, free_port, loopback_members, port_free, start_service, tideflow_argv,
+                            wait_http_ok)
+from engine.control.routes import RouteTable
+from engine.router.admin import RouterAdminError, scrape_members
 from engine.router.app import ADMIN_KEYS_ENV, UPSTREAM_KEY_ENV
+from engine.router.sync import ROUTES_KEY_ENV
 from engine.scaling.autoscaler import Autoscaler
 from engine.scaling.observe import SetObserver
 from engine.scaling.policy import Bounds
@@ -52,7 +55,7 @@ class ControllerConfig(BaseModel):
     model_dir: Path = Field(description="checkpoint of the router's tokenizer and of groups whose spec names none")
     model_name: str = Field("default", description="model id clients ask the router for")
     host: str = Field("127.0.0.1", description="bind address of the controller API, the router and the members")
-    port: int = Field(0, ge=0, le=65535, description="controller API port (0 = any free port)")
+    port: int = Field(0, ge=0, le=65535, description="controller API port (0 = the one it had, else any free port)")
     router_port: int = Field(0, ge=0, le=65535, description="router port (0 = the one it had, else any free port)")
     router_args: list[str] = Field(default_factory=list, description="extra `tideflow router` flags")
     reconcile_s: float = Field(0.5, gt=0, description="seconds between two reconcile passes")
@@ -67,8 +70,13 @@ class Controller:
         self.store = store or Store(home() / "controller.db")
         self.admin_key = self.store.secret("controller_admin")  # the control API
         self.client_key = self.store.secret("router_client")  # clients of the router ($TIDEFLOW_HOME/router.key)
-        self._router_admin_key = self.store.secret("router_admin")
+        self.routes_key = self.store.secret("routes")  # router replicas -> the route set, nothing else
         self._member_key = self.store.secret("member")  # router and controller -> members only
+        self.port = _keep_port(self.store, config.host, config.port)  # the URL an adopted router watches
+        self.url = f"http://{config.host}:{self.port}"
+        self.store.set_setting("model_dir", str(config.model_dir))  # what `tideflow router-replica` serves with
+        self.store.set_setting("model_name", config.model_name)
+        self.routes = RouteTable()
         self._lock = threading.RLock()  # one mutation at a time: API calls and reconcile passes
         self._stop = threading.Event()
         self._stoppers: dict[str, threading.Thread] = {}
@@ -78,14 +86,13 @@ class Controller:
         self.router_url = ""
         self.backend = LocalProcessBackend(config.model_dir, self._member_key, config.model_name, home() / "logs",
                                            config.host, ledger=self.store)
-        self.admin: RouterAdmin | None = None
         self.manager: GroupManager | None = None
         self._thread = threading.Thread(target=self._loop, name="reconcile", daemon=True)
 
     # -- start: adopt what runs, start what is missing ------------------------------------------
     def start(self) -> "Controller":
         self._ensure_router()
-        self.manager = GroupManager(self.backend, self.admin, self.config.policy, home() / "groups",
+        self.manager = GroupManager(self.backend, self.routes, self.config.policy, home() / "groups",
                                     member_key=self._member_key, on_fall=self._replace)
         self._adopt_groups()
         for name, body in self.store.autoscalers().items():
@@ -95,39 +102,30 @@ class Controller:
         return self
 
     def _ensure_router(self) -> None:
-        """Adopt the recorded router when it is the same live process and answers; else start one."""
+        """Adopt the recorded router when it is the same live process, watches this controller and answers;
+        else start one. Either way it serves the route set it gets from this controller."""
         rec = self.store.router()
         if rec is not None:
             proc = adopt("router", rec.pid, rec.ticks, Path(rec.log_path))
             url = f"http://{self.config.host}:{rec.port}"
-            if proc is not None and wait_http_ok(url + "/health", timeout_s=5):
-                self._use_router(proc, url)
+            if proc is not None and rec.controller_url == self.url and wait_http_ok(url + "/health", timeout_s=5):
+                self.router, self.router_url = proc, url
                 self.store.event("router", f"adopted router pid {rec.pid} on {url}")
                 return
             if proc is not None:
                 proc.stop()
         port = self.config.router_port or (rec.port if rec is not None else 0) or free_port(self.config.host)
         url = f"http://{self.config.host}:{port}"
-        env = {"TIDEFLOW_API_KEYS": self.client_key, ADMIN_KEYS_ENV: self._router_admin_key,
-               UPSTREAM_KEY_ENV: self._member_key}
         argv = tideflow_argv("router", "--host", self.config.host, "--port", str(port), "--model-name",
                              self.config.model_name, "--model-dir", str(self.config.model_dir),
-                             *loopback_members(self.config.host), *self.config.router_args)
-        child = start_service(f"router-{port}", argv, home() / "logs" / f"router-{port}.log", url + "/health", 60, env)
-        self.store.set_router(RouterRecord(pid=child.pid, ticks=child.start_ticks, port=port, log_path=str(child.log_path)))
-        self._use_router(child, url)
+                             "--controller-url", self.url, *loopback_members(self.config.host), *self.config.router_args)
+        child = start_service(f"router-{port}", argv, home() / "logs" / f"router-{port}.log", url + "/health", 60,
+                              router_env(self.store))
+        self.store.set_router(RouterRecord(pid=child.pid, ticks=child.start_ticks, port=port, log_path=str(child.log_path),
+                                           controller_url=self.url))
+        self.router, self.router_url = child, url
         self.store.event("router", f"started router pid {child.pid} on {url}")
 
-    def _use_router(self, proc: Child | Adopted, url: str) -> None:
-        self.router, self.router_url = proc, url
-        if self.admin is None or self.admin.url != url:
-            if self.admin is not None:
-                self.admin.close()
-            self.admin = RouterAdmin(url, self._router_admin_key)
-        if self.manager is not None:
-            self.manager.router = self.admin
-            for g in self.manager.groups.values():
-                g.router = self.admin
 
     def _adopt_groups(self) -> None:
         desired = self.store.groups()
@@ -177,19 +175,7 @@ class Controller:
             for name, g in list(managed.items()):
                 if name not in desired and g.status.state not in _GONE and name not in self._stoppers:
                     self._stop_in_background(g)
-            self._sync_router(desired)
             self._stoppers = {n: t for n, t in self._stoppers.items() if t.is_alive()}
-
-    def _sync_router(self, desired: dict[str, DesiredGroup]) -> None:
-        """A restarted router (or one that lost a registration) gets every Ready group back."""
-        try:
-            registered = {g["name"] for g in self.admin.groups()}
-        except RouterAdminError:
-            return  # starting or restarting: the next pass registers
-        for name, g in self.manager.groups.items():
-            if g.status.state == GroupState.READY and name not in registered and name in desired:
-                g.weight = desired[name].weight
-                g._register()
 
     def _replace(self, fallen: ManagedGroup, why: str) -> None:
         """Warm replacement, on the fallen group's supervisor thread the moment it leaves the router: a standby
@@ -238,7 +224,7 @@ class Controller:
             else:
                 g.weight = body.weight
                 if g.status.state == GroupState.READY:
-                    self.admin.set_weights({name: body.weight})
+                    self.routes.set_weights({name: body.weight})
         if body.standby and g.status.state == GroupState.READY:
             self.park(name)
         elif not body.standby and g.status.state == GroupState.STANDBY:
@@ -267,9 +253,9 @@ class Controller:
                     self.manager.groups[name].weight = w
             self.store.event("weights", ", ".join(f"{n} {w:g}" for n, w in sorted(weights.items())))
             try:
-                return self.admin.set_weights(weights)
+                return self.routes.set_weights(weights)
             except RouterAdminError as exc:
-                raise ControlError(409, f"weights stored; the router refused them now: {exc}") from None
+                raise ControlError(409, f"weights stored; they apply once the groups are Ready: {exc}") from None
 
     def activate(self, name: str) -> float:
         g = self._group(name)
@@ -404,7 +390,7 @@ class Controller:
             names = sorted(self.manager.groups)
         canary = self.store.canary()
         return FleetStatus(router_url=self.router_url, router_pid=self.router.pid if self.router else None,
-                           controller_pid=os.getpid(), groups=[self.view(n) for n in names],
+                           router_replicas=self.routes.replicas(), controller_pid=os.getpid(), groups=[self.view(n) for n in names],
                            canary=CanaryRecord.model_validate_json(canary) if canary else None)
 
     def record_canary(self, record: CanaryRecord) -> CanaryRecord:
@@ -417,13 +403,14 @@ class Controller:
     def member_metrics(self) -> list[str]:
         """Prometheus expositions of every routed member (the canary's direct source reads them)."""
         with bearer_client(self._member_key) as c:
-            return scrape_members(c, self.admin.groups())
+            return scrape_members(c, self.routes.groups())
 
     # -- shutdown ------------------------------------------------------------------------------------
     def close(self, stop_fleet: bool, drain_s: float = 5.0) -> None:
         """Stop reconciling. `stop_fleet`: also stop every group and the router and forget desired state
         (`tideflow down`); otherwise they keep serving for the next controller to adopt."""
         self._stop.set()
+        self.routes.close()
         if self._thread.is_alive():
             self._thread.join(timeout=30)
         for name in list(self.autoscalers):
@@ -440,8 +427,6 @@ class Controller:
                     self.router.stop()
                 _stop_leftovers(self.store)
                 self.store.event("down", "every group and the router stopped")
-        if self.admin is not None:
-            self.admin.close()
 
 
 class _LockedPool:
@@ -457,6 +442,20 @@ class _LockedPool:
     def scale_to(self, n: int, floor: int | None = None) -> ScaleResult:
         with self.controller._lock:
             return self.controller._scale(self.pool, n, floor)
+
+
+def router_env(store: Store) -> dict[str, str]:
+    """The keys a router replica needs: clients', its admin API's, the members', and the route set's."""
+    return {"TIDEFLOW_API_KEYS": store.secret("router_client"), ADMIN_KEYS_ENV: store.secret("router_admin"),
+            UPSTREAM_KEY_ENV: store.secret("member"), ROUTES_KEY_ENV: store.secret("routes")}
+
+
+def _keep_port(store: Store, host: str, asked: int) -> int:
+    """`asked`, else the port this controller had (when still free), else a free one; recorded for the next start."""
+    had = store.setting("controller_port")
+    port = asked or (int(had) if had and port_free(host, int(had)) else free_port(host))
+    store.set_setting("controller_port", str(port))
+    return port
 
 
 def _shape(spec: InferenceGroup) -> str:

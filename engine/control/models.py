@@ -86,6 +86,7 @@ class CanaryRecord(BaseModel):
 class FleetStatus(BaseModel):
     router_url: str
     router_pid: int | None = Field(None, description="the router process on the local backend")
+    router_replicas: list[dict] = Field(default_factory=list, description="router replicas watching the route set now")
     controller_pid: int
     groups: list[GroupView]
     canary: CanaryRecord | None = Field(None, description="the latest canary rollout")

@@ -26,8 +26,8 @@ CREATE TABLE IF NOT EXISTS desired (name TEXT PRIMARY KEY, spec TEXT NOT NULL, w
                                     standby INTEGER NOT NULL, updated REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS members (handle_id TEXT NOT NULL, record TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS members_handle ON members (handle_id);
-CREATE TABLE IF NOT EXISTS router (id INTEGER PRIMARY KEY CHECK (id = 1), pid INTEGER, ticks INTEGER, port INTEGER,
-                                   log_path TEXT);
+CREATE TABLE IF NOT EXISTS routers (id INTEGER PRIMARY KEY CHECK (id = 1), body TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS settings (name TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS secrets (name TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS autoscalers (name TEXT PRIMARY KEY, body TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS canary (id INTEGER PRIMARY KEY CHECK (id = 1), body TEXT NOT NULL);
@@ -44,10 +44,13 @@ class DesiredGroup(BaseModel):
 
 
 class RouterRecord(BaseModel):
+    """The router process the controller started, and the controller URL it watches."""
+
     pid: int
     ticks: int
     port: int
     log_path: str
+    controller_url: str
 
 
 class Event(BaseModel):
@@ -114,13 +117,21 @@ class Store:
 
     def set_router(self, rec: RouterRecord | None) -> None:
         if rec is None:
-            self._run("DELETE FROM router")
+            self._run("DELETE FROM routers")
         else:
-            self._run("INSERT OR REPLACE INTO router VALUES (1, ?, ?, ?, ?)", (rec.pid, rec.ticks, rec.port, rec.log_path))
+            self._run("INSERT OR REPLACE INTO routers VALUES (1, ?)", (rec.model_dump_json(),))
 
     def router(self) -> RouterRecord | None:
-        rows = self._run("SELECT pid, ticks, port, log_path FROM router")
-        return RouterRecord(pid=rows[0][0], ticks=rows[0][1], port=rows[0][2], log_path=rows[0][3]) if rows else None
+        rows = self._run("SELECT body FROM routers")
+        return RouterRecord.model_validate_json(rows[0][0]) if rows else None
+
+    # -- settings that must survive a restart (the controller's port: its router watches that URL) ----------
+    def setting(self, name: str) -> str | None:
+        rows = self._run("SELECT value FROM settings WHERE name = ?", (name,))
+        return rows[0][0] if rows else None
+
+    def set_setting(self, name: str, value: str) -> None:
+        self._run("INSERT OR REPLACE INTO settings VALUES (?, ?)", (name, value))
 
     # -- the latest canary ------------------------------------------------------------------------------
     def put_canary(self, body_json: str) -> None:

@@ -12,19 +12,31 @@ import threading
 import time
 from enum import Enum
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Protocol
 
 from pydantic import BaseModel, Field
 
 from engine.group.backend import Backend, BackendError, GroupHandle, MemberStatus, Phase
 from engine.group.spec import InferenceGroup
-from engine.router.admin import RouterAdmin
 from engine.router.registry import Endpoint
 from engine.scaling.members import MemberSwitch, MemberSwitchError
 from kernels.atomic_file import atomic_write_text
 
 log = logging.getLogger(__name__)
 
+
+
+class Routing(Protocol):
+    """Where a group is registered once Ready: a standalone router's admin API (RouterAdmin), or the
+    controller's route set that every router replica watches (engine/control/routes.py)."""
+
+    def register(self, name: str, version: str, endpoints: list[Endpoint], weight: float = 1.0) -> None: ...
+
+    def deregister(self, name: str) -> None: ...
+
+    def set_weights(self, weights: dict[str, float]) -> dict[str, float]: ...
+
+    def inflight(self, name: str) -> int: ...
 
 class GroupState(str, Enum):
     PENDING = "Pending"
@@ -66,7 +78,7 @@ class GroupStatus(BaseModel):
 class ManagedGroup:
     """One group's supervisor thread."""
 
-    def __init__(self, spec: InferenceGroup, backend: Backend, router: RouterAdmin | None, policy: SupervisionPolicy,
+    def __init__(self, spec: InferenceGroup, backend: Backend, router: Routing | None, policy: SupervisionPolicy,
                  state_dir: Path | None, standby: bool = False, weight: float = 1.0,
                  switch: MemberSwitch | None = None, adopted: GroupHandle | None = None) -> None:
         self.spec, self.backend, self.router, self.policy = spec, backend, router, policy
@@ -294,7 +306,7 @@ def _describe(m: MemberStatus) -> str:
 class GroupManager:
     """All groups of one group set, and the router they register with."""
 
-    def __init__(self, backend: Backend, router: RouterAdmin | None, policy: SupervisionPolicy | None = None,
+    def __init__(self, backend: Backend, router: Routing | None, policy: SupervisionPolicy | None = None,
                  state_dir: Path | None = None, member_key: str | None = None,
                  on_fall: Callable[[ManagedGroup, str], None] | None = None) -> None:
         self.backend, self.router, self.on_fall = backend, router, on_fall

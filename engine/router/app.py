@@ -1,4 +1,5 @@
-"""The gateway: OpenAI API in front of a group set, plus an admin API for the group manager."""
+"""The gateway: OpenAI API in front of a group set. Its groups come from the controller (`controller_url`:
+it watches the route set), or, standalone, from the admin API a group manager pushes to."""
 
 from __future__ import annotations
 
@@ -17,12 +18,14 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, Field, ValidationError
 
 from engine.errors import TideflowError
+from engine.http import bearer_async_client
 from engine.router.config import RouterConfig
 from engine.router.health import HealthMonitor
 from engine.router.metrics import RouterMetrics
 from engine.router.prompt import PromptPreparer
 from engine.router.proxy import Proxy
 from engine.router.ratelimit import RateLimiter
+from engine.router.sync import ROUTES_KEY_ENV, ControllerSync
 from engine.router.registry import GROUP_NAME_PATTERN, GroupName, GroupRegistration, Registry, Weight
 from engine.server.auth import BearerAuth, publish_openapi
 from engine.server.limits import BodyLimit
@@ -42,9 +45,12 @@ class WeightsUpdate(BaseModel):
 
 
 def create_router_app(config: RouterConfig, api_keys: list[str], admin_keys: list[str],
-                      upstream_key: str | None = None) -> FastAPI:
+                      upstream_key: str | None = None, routes_key: str | None = None) -> FastAPI:
+    """`routes_key`: the key this router sends to `config.controller_url` to watch the route set."""
     if not admin_keys:
         raise RouterConfigError(f"the router's admin API needs a key: set {ADMIN_KEYS_ENV} (comma-separated)")
+    if config.controller_url and not routes_key:
+        raise RouterConfigError(f"--controller-url needs the controller's routes key in ${ROUTES_KEY_ENV}")
     registry = Registry()
     metrics = RouterMetrics()
     auth, admin_auth = BearerAuth(api_keys), BearerAuth(admin_keys)
@@ -58,17 +64,36 @@ def create_router_app(config: RouterConfig, api_keys: list[str], admin_keys: lis
         # Idle upstream connections expire here well before the members' keep-alive timeout closes
         # them, so a request is never sent on a socket the server is closing (a spurious ReadError).
         limits = httpx.Limits(max_connections=1024, max_keepalive_connections=256, keepalive_expiry=2.0)
-        async with httpx.AsyncClient(limits=limits, headers=headers, trust_env=False) as client:
+        async with bearer_async_client(upstream_key, limits=limits) as client:
             monitor = HealthMonitor(registry, client, config.health_interval_s, config.eject_after, config.readmit_after)
             state["proxy"] = Proxy(config, registry, client, metrics, preparer.prepare if preparer else _no_pd, headers)
+            sync = None
+            if config.controller_url:
+                sync = ControllerSync(registry, config.controller_url, routes_key,
+                                      config.advertise or f"{config.host}:{config.port}", accept=outside_networks)
+                sync.start()
             monitor.start()
             yield
             await monitor.stop()
+            if sync is not None:
+                await sync.stop()
 
     app = FastAPI(title="tideflow router", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes)
     publish_openapi(app, admin_auth)
     install_error_handlers(app)
+
+    def outside_networks(reg: GroupRegistration) -> str | None:
+        if config.member_networks is not None:
+            outside = [e.url for e in reg.endpoints if not in_networks(e.url, config.member_networks)]
+            if outside:
+                return f"{outside[0]} is outside the member networks this router accepts"
+        return None
+
+    def writable() -> None:
+        if config.controller_url:
+            raise APIError(409, f"this router takes its groups from the controller at {config.controller_url}; "
+                                "change them there")
 
     def client_key(request: Request) -> None:
         auth(request)
@@ -121,22 +146,21 @@ def create_router_app(config: RouterConfig, api_keys: list[str], admin_keys: lis
     async def list_groups() -> dict:
         return {"groups": [g.summary() for g in registry.groups()]}
 
-    @app.post("/admin/groups", dependencies=[Depends(admin_auth)])
+    @app.post("/admin/groups", dependencies=[Depends(admin_auth), Depends(writable)])
     async def register(reg: GroupRegistration) -> dict:
-        if config.member_networks is not None:
-            outside = [e.url for e in reg.endpoints if not in_networks(e.url, config.member_networks)]
-            if outside:
-                raise APIError(400, f"{outside[0]} is outside the member networks this router accepts", "endpoints")
+        refused = outside_networks(reg)
+        if refused:
+            raise APIError(400, refused, "endpoints")
         registry.register(reg)
         return {"registered": reg.name}
 
-    @app.delete("/admin/groups/{name}", dependencies=[Depends(admin_auth)])
+    @app.delete("/admin/groups/{name}", dependencies=[Depends(admin_auth), Depends(writable)])
     async def deregister(name: Annotated[str, Path(pattern=GROUP_NAME_PATTERN)]) -> dict:
         if not registry.deregister(name):
             raise APIError(404, f"no group named {name!r} is registered", "name")
         return {"deregistered": name}
 
-    @app.put("/admin/weights", dependencies=[Depends(admin_auth)])
+    @app.put("/admin/weights", dependencies=[Depends(admin_auth), Depends(writable)])
     async def weights(update: WeightsUpdate) -> dict:
         try:
             registry.set_weights(update.weights)

@@ -19,6 +19,9 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--health-interval-s", type=float, default=0.5)
     p.add_argument("--member-network", action="append", default=None, metavar="CIDR",
                    help="accept member endpoints only in this network (repeatable; default: any host)")
+    p.add_argument("--controller-url", default=None,
+                   help="take the groups from this controller (key in $TIDEFLOW_ROUTES_KEY); its admin API is then read-only")
+    p.add_argument("--advertise", default=None, help="how this replica names itself to the controller (default host:port)")
     p.add_argument("--max-body-bytes", type=int, default=8 << 20, help="largest request body accepted (413 above)")
     p.set_defaults(func=_run)
 
@@ -30,13 +33,15 @@ def _run(args: argparse.Namespace) -> int:
 
     from engine.router.app import ADMIN_KEYS_ENV, UPSTREAM_KEY_ENV, create_router_app, keys_from_env
     from engine.router.config import RouterConfig
+    from engine.router.sync import ROUTES_KEY_ENV
     from engine.server.auth import load_api_keys
 
     config = RouterConfig(host=args.host, port=args.port, model_name=args.model_name, model_dir=args.model_dir,
                           rate_limit_rps=args.rate_limit_rps, request_timeout_s=args.request_timeout_s,
                           max_attempts=args.max_attempts, health_interval_s=args.health_interval_s,
-                          max_body_bytes=args.max_body_bytes, member_networks=args.member_network)
+                          max_body_bytes=args.max_body_bytes, member_networks=args.member_network,
+                          controller_url=args.controller_url, advertise=args.advertise)
     app = create_router_app(config, load_api_keys(args.api_key_file), keys_from_env(ADMIN_KEYS_ENV),
-                            os.environ.get(UPSTREAM_KEY_ENV))
+                            os.environ.get(UPSTREAM_KEY_ENV), os.environ.get(ROUTES_KEY_ENV))
     uvicorn.run(app, host=config.host, port=config.port, log_level="warning", timeout_graceful_shutdown=5)
     return 0

@@ -25,4 +25,8 @@ class RouterConfig(BaseModel):
     max_body_bytes: int = Field(8 << 20, ge=1024, description="largest request body accepted (413 above)")
     rate_limit_rps: float | None = Field(None, gt=0, description="requests per second per API key (None = off)")
     rate_limit_burst: int = Field(20, ge=1, description="bucket size of the per-key limiter")
+    controller_url: str | None = Field(
+        None, description="take the groups from this controller (watch) instead of the admin API; keeps the last "
+                          "route set while the controller is away")
+    advertise: str | None = Field(None, description="how this replica names itself to the controller (default host:port)")
     affinity_threshold_tokens: int = Field(2048, ge=0, description="prefill LB: queued-token gap beyond which load beats cache affinity")

@@ -102,6 +102,20 @@ class Registry:
                 return
             self._groups[reg.name] = GroupState(reg)
 
+    def replace(self, regs: list[GroupRegistration]) -> None:
+        """Serve exactly `regs` (a route set from the controller): groups left out go, and a group whose
+        version and endpoints are unchanged keeps its health and in-flight counts."""
+        with self._lock:
+            out: dict[str, GroupState] = {}
+            for reg in regs:
+                have = self._groups.get(reg.name)
+                if have is not None and have.reg.version == reg.version and have.reg.endpoints == reg.endpoints:
+                    have.reg.weight = reg.weight
+                    out[reg.name] = have
+                else:
+                    out[reg.name] = GroupState(reg)
+            self._groups = out
+
     def deregister(self, name: str) -> bool:
         with self._lock:
             return self._groups.pop(name, None) is not None

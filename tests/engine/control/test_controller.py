@@ -96,7 +96,61 @@ def test_router_killed_is_restarted_with_every_ready_group(serving):
     assert any(e.kind == "router" and "gone" in e.message for e in controller.events())
 
 
+def test_a_second_router_replica_serves_the_same_groups_and_follows_every_change(serving, tideflow_home, request):
+    """Routers take the route set from the controller: a replica started later serves the same groups at once,
+    sees a weight change within a watch round trip, counts in drains, and refuses admin writes of its own."""
+    from engine.http import bearer_client
+    from engine.process import free_port
+
+    controller = serving
+    port = free_port()
+    replica = start_service("router-replica", tideflow_argv("router-replica", "--port", str(port)),
+                            tideflow_home / "logs" / "router-replica.log", f"http://127.0.0.1:{port}/ready", timeout_s=60)
+    request.addfinalizer(replica.stop)
+    second = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=discovery.router_key(), max_retries=0,
+                           timeout=30)
+    assert second.completions.create(model="default", prompt="hi", max_tokens=3).usage.completion_tokens == 3
+
+    deadline = time.monotonic() + 10
+    while len(controller.status().router_replicas) < 2:  # the controller's router and this one report
+        assert time.monotonic() < deadline, controller.status().router_replicas
+        time.sleep(0.1)
+    (routed,) = [g for g in controller.groups() if g["name"] == "ctl-a"]
+    assert routed["replicas"] == 2 and routed["routable"]
+
+    controller.set_weights({"ctl-a": 0.0})
+    try:
+        deadline = time.monotonic() + 5
+        while True:
+            try:
+                second.completions.create(model="default", prompt="hi", max_tokens=1)
+            except openai.APIStatusError as exc:
+                assert exc.status_code == 503  # weight 0 on every replica: nothing routable
+                break
+            assert time.monotonic() < deadline, "the replica kept routing to a group at weight 0"
+            time.sleep(0.05)
+    finally:
+        controller.set_weights({"ctl-a": 1.0})
+
+    store_admin_key = _router_admin_key(tideflow_home)
+    with bearer_client(store_admin_key, f"http://127.0.0.1:{port}") as admin:
+        refused = admin.put("/admin/weights", json={"weights": {"ctl-a": 0.5}})
+        assert refused.status_code == 409 and "controller" in refused.json()["error"]["message"]
+        assert [g["weight"] for g in admin.get("/admin/groups").json()["groups"]] == [1.0]
+
+
+def _router_admin_key(home: Path) -> str:
+    from engine.control.store import Store
+
+    store = Store(home / "controller.db")
+    try:
+        return store.secret("router_admin")
+    finally:
+        store.close()
+
+
 def test_sigkill_controller_under_load_loses_nothing_and_readopts(serving, spec, tideflow_home, request):
+    """Last in this module: it ends with the restarted controller stopped (the module's `down` then stops the fleet)."""
     controller = serving
     before = controller.group("ctl-a")
     assert before.state == GroupState.READY
@@ -155,3 +209,4 @@ def _home_of(proc) -> str | None:
     except OSError:
         return None
     return None
+

@@ -1,0 +1,79 @@
+"""The route set the controller publishes: long-poll semantics and drain accounting across replicas."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from engine.control.routes import RouteTable
+from engine.router.admin import RouterAdminError
+from engine.router.registry import Endpoint, GroupRegistration, Registry
+from engine.router.sync import GroupLoad, RouterReport
+
+EP = [Endpoint(url="http://127.0.0.1:20001", role="colocated")]
+
+
+def report(replica: str, revision: int, inflight: int) -> RouterReport:
+    return RouterReport(replica=replica, revision=revision, groups={"a": GroupLoad(inflight=inflight, routable=True)})
+
+
+def test_a_new_watcher_gets_the_set_at_once_and_a_waiting_one_on_the_next_change():
+    table = RouteTable()
+    table.register("a", "v1", EP, 1.0)
+    first = table.watch(after=0, wait_s=5)
+    assert first.revision == 1 and [g.name for g in first.groups] == ["a"]
+    got = []
+    waiter = threading.Thread(target=lambda: got.append(table.watch(after=first.revision, wait_s=10)))
+    waiter.start()
+    time.sleep(0.2)
+    assert not got  # nothing changed yet: the watch holds
+    table.set_weights({"a": 0.25})
+    waiter.join(timeout=5)
+    assert got and got[0].revision == 2 and got[0].groups[0].weight == 0.25
+    assert table.watch(after=2, wait_s=0.1).revision == 2  # no change within wait_s: the same set back
+
+
+def test_inflight_waits_for_every_live_replica_to_serve_the_latest_change():
+    table = RouteTable()
+    table.register("a", "v1", EP)
+    table.report(report("r1", 1, 0))
+    table.report(report("r2", 1, 3))
+    assert table.inflight("a") == 3
+    table.set_weights({"a": 0.0})  # revision 2: a report from revision 1 says nothing about the drain
+    table.report(report("r2", 2, 0))
+    assert table.inflight("a") == 1  # r1 still serves revision 1: not known to be drained
+    table.report(report("r1", 2, 0))
+    assert table.inflight("a") == 0
+    assert {r["replica"] for r in table.replicas()} == {"r1", "r2"}
+
+
+def test_weights_for_a_group_that_is_not_routed_are_refused():
+    table = RouteTable()
+    with pytest.raises(RouterAdminError, match="not routed now"):
+        table.set_weights({"ghost": 1.0})
+
+
+def test_close_ends_every_watch():
+    table = RouteTable()
+    done = []
+    waiter = threading.Thread(target=lambda: done.append(table.watch(after=0, wait_s=30)))
+    waiter.start()
+    time.sleep(0.1)
+    table.close()
+    waiter.join(timeout=5)
+    assert done and not waiter.is_alive()
+
+
+def test_registry_replace_keeps_health_of_unchanged_groups_and_drops_the_rest():
+    registry = Registry()
+    registry.register(GroupRegistration(name="a", version="v1", endpoints=EP))
+    registry.register(GroupRegistration(name="b", version="v1", endpoints=EP))
+    registry.get("a").endpoints[0].healthy = False  # ejected by the health monitor
+    registry.replace([GroupRegistration(name="a", version="v1", endpoints=EP, weight=0.5)])
+    assert [g.reg.name for g in registry.groups()] == ["a"]
+    kept = registry.get("a")
+    assert kept.reg.weight == 0.5 and kept.endpoints[0].healthy is False
+    registry.replace([GroupRegistration(name="a", version="v2", endpoints=EP)])
+    assert registry.get("a").endpoints[0].healthy is True  # a new version is a new group
