@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import copy
 import http.server
+import importlib.util
+import sys
 import json
 import urllib.parse
 from pathlib import Path
@@ -19,6 +21,12 @@ import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
+
+# The generator of the synthetic recordings, importable by the tests here as `k8s_synthetic` (with
+# --import-mode=importlib a test module cannot import its siblings).
+_spec = importlib.util.spec_from_file_location("k8s_synthetic", Path(__file__).parent / "synthetic.py")
+k8s_synthetic = sys.modules["k8s_synthetic"] = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(k8s_synthetic)
 
 K8S_VERSION = "1.30"
 LWS_SCHEMA = yaml.safe_load((Path(__file__).parent / "schemas" / "leaderworkerset-v1.yaml").read_text())["openAPIV3Schema"]
@@ -73,8 +81,9 @@ RECORDINGS = Path(__file__).parent / "recordings"
 class ReplayServer:
     """Answers the real kubernetes client with recorded API server responses, and logs what it was sent.
 
-    An exchange matches on method, path and the query items it lists (a watch only matches a
-    watch); it is served once in file order unless marked `repeat` (discovery docs are). A watch
+    An exchange matches on method, path, the query items it lists (a watch only matches a watch) and,
+    where it has one, the exact request body (so a recording made for other manifests answers 404);
+    it is served once in file order unless marked `repeat` (discovery docs are). A watch
     response streams its events one JSON line each; `hold` keeps it open until the request's
     timeoutSeconds, as the API server does.
     """
@@ -107,7 +116,7 @@ class ReplayServer:
     def sent(self, method: str | None = None) -> list[dict[str, Any]]:
         return [r for r in self.requests if method is None or r["method"] == method]
 
-    def _match(self, method: str, path: str, query: dict[str, str]) -> dict[str, Any] | None:
+    def _match(self, method: str, path: str, query: dict[str, str], body: Any) -> dict[str, Any] | None:
         with self._lock:
             for i, exchange in enumerate(self.exchanges):
                 want = exchange["request"]
@@ -115,6 +124,8 @@ class ReplayServer:
                     continue
                 wanted_query = want.get("query", {})
                 if ("watch" in wanted_query) != ("watch" in query):
+                    continue
+                if "body" in want and want["body"] != body:
                     continue
                 if all(query.get(k) == v for k, v in wanted_query.items()):
                     self.used[i] = True
@@ -135,13 +146,13 @@ class ReplayServer:
                 query = {k: v[-1] for k, v in urllib.parse.parse_qs(url.query).items()}
                 length = int(self.headers.get("Content-Length") or 0)
                 raw = self.rfile.read(length) if length else b""
+                body = _parse_body(raw, self.headers.get("Content-Type") or "")
                 replay.requests.append({"method": self.command, "path": url.path, "query": query,
-                                        "content_type": self.headers.get("Content-Type"),
-                                        "body": json.loads(raw) if raw else None})
-                exchange = replay._match(self.command, url.path, query)
+                                        "content_type": self.headers.get("Content-Type"), "body": body})
+                exchange = replay._match(self.command, url.path, query, body)
                 if exchange is None:
                     status = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404,
-                              "message": f"no recorded response for {self.command} {url.path} {query}"}
+                              "message": f"no recorded response for {self.command} {url.path} {query} with this body"}
                     return self._json(404, status)
                 response = exchange["response"]
                 if "stream" not in response:
@@ -168,6 +179,13 @@ class ReplayServer:
             do_GET = do_PATCH = do_DELETE = do_POST = do_PUT = _serve
 
         return Handler
+
+
+def _parse_body(raw: bytes, content_type: str) -> Any:
+    """JSON, or the YAML of a server-side apply (application/apply-patch+yaml; JSON is YAML too)."""
+    if not raw:
+        return None
+    return yaml.safe_load(raw) if "yaml" in content_type else json.loads(raw)
 
 
 @pytest.fixture

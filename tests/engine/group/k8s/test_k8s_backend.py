@@ -2,20 +2,17 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from kubernetes import client
 
 from engine.group.backend import BackendError, GroupHandle, Phase
 from engine.group.k8s.backend import KubernetesBackend
 from engine.group.k8s.manifests import render
-from engine.group.spec import InferenceGroup
+import k8s_synthetic as synthetic  # loaded by conftest.py
 
-NS = "tideflow-test"  # the namespace the recordings were made in
-GROUP = InferenceGroup.model_validate({
-    "name": "demo", "version": "v1", "model": {"uri": "s3://models/models/demo/v1/"},
-    "roles": [{"role": "prefill", "parallel": "DEP1", "resources": {"cpu": "1", "memory": "2Gi"}},
-              {"role": "decode", "parallel": "DEP2", "resources": {"cpu": "1", "memory": "2Gi"}}],
-})
+NS, GROUP = synthetic.NS, synthetic.GROUP  # the namespace and group of the synthetic recordings
 HANDLE = GroupHandle(id=f"{NS}/demo", group="demo", version="v1", backend="kubernetes")
 
 
@@ -128,3 +125,18 @@ def test_stop_unroutes_then_scales_to_zero_and_waits(replay, tmp_path):
     assert sent == [("DELETE", "demo-prefill-leaders"), ("DELETE", "demo-decode-leaders"), ("PATCH", "scale"), ("PATCH", "scale")]
     assert [r["body"] for r in server.sent("PATCH")] == [{"spec": {"replicas": 0}}] * 2
     assert server.unused() == []
+
+
+def test_recordings_are_synthetic_and_carry_todays_manifests():
+    """A change to the manifests that the recordings do not follow fails here, with the command that fixes it."""
+    for path in synthetic.RECORDINGS.glob("*.json"):
+        assert json.loads(path.read_text())["provenance"].startswith("synthetic:"), path.name
+    assert synthetic.stale() == [], "run python tests/engine/group/k8s/synthetic.py"
+
+
+def test_a_request_body_other_than_the_recorded_one_is_not_answered(replay, tmp_path):
+    server = replay("discovery", "apply")
+    other_image = KubernetesBackend(client.ApiClient(client.Configuration(host=server.url)), namespace=NS,
+                                    image="tideflow:other", discovery_cache=tmp_path / "discovery.json")
+    with pytest.raises(BackendError, match="HTTP 404"):
+        other_image.start(GROUP)

@@ -150,3 +150,21 @@ def test_dep_ranks_rendezvous_at_their_leader():
     assert args[args.index("--dep-rank") + 1] == "$(LWS_WORKER_INDEX)"
     assert args[args.index("--dep-size") + 1] == "8"
     assert args[args.index("--dist-addr") + 1] == "$(LWS_LEADER_ADDRESS):29500"
+
+
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+def test_every_rendered_command_parses_with_todays_cli(shape):
+    """The pods run `tideflow serve ...`: every flag the manifests render must exist today."""
+    from flows.cli import build_parser
+
+    for lws in by_kind(render(SHAPES[shape], "ns", "img"), "LeaderWorkerSet").values():
+        container = lws["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"]["containers"][0]
+        assert container["command"] == ["tideflow"]
+        build_parser().parse_args([_expand(a) for a in container["args"]])  # SystemExit on an unknown flag
+
+
+def _expand(arg: str) -> str:
+    """What the kubelet puts in place of $(VAR) (sample values of the right type)."""
+    for var, value in (("$(POD_IP)", "10.0.0.7"), ("$(LWS_WORKER_INDEX)", "1"), ("$(LWS_LEADER_ADDRESS)", "g-decode-0.g")):
+        arg = arg.replace(var, value)
+    return arg
