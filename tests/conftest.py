@@ -72,7 +72,7 @@ def controller(tideflow_home, controller_model_dir):
     """`tideflow controller` in its own process (as users run it); yields its client. Afterwards
     `tideflow down` stops the fleet, and no process of this home may be left."""
     from engine.control.client import ControlClient
-    from engine.control.controller import stop_recorded_fleet
+    from engine.control.local_runtime import stop_recorded_fleet
     from engine.process import free_port, start_service, tideflow_argv
 
     port = free_port()

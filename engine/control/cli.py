@@ -21,6 +21,12 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
     c.add_argument("--model-dir", type=Path, default=None,
                    help="router tokenizer / default checkpoint (default: $TIDEFLOW_HOME/models/default, written if missing)")
     c.add_argument("--model-name", default="default", help="model id clients ask the router for")
+    c.add_argument("--backend", choices=["local", "kubernetes"], default=None,
+                   help="where members run (default: $TIDEFLOW_BACKEND, else local)")
+    c.add_argument("--namespace", default=None, help="kubernetes: namespace of the groups (default: $TIDEFLOW_NAMESPACE)")
+    c.add_argument("--image", default="tideflow:latest", help="kubernetes: image of the group members")
+    c.add_argument("--router-url", default="http://tideflow-router:8000",
+                   help="kubernetes: the router Service clients use (deployments/kubernetes/router.yaml)")
     c.set_defaults(func=_controller)
 
     r = subparsers.add_parser("router-replica", help="one more router serving the groups of this home's controller")
@@ -42,7 +48,8 @@ def _controller(args: argparse.Namespace) -> int:
 
     from engine.control import discovery
     from engine.control.api import create_control_app
-    from engine.control.controller import Controller, ControllerConfig
+    from engine.control.controller import Controller
+    from engine.control.runtime import ControllerConfig
     from engine.default_model import write_default_model
     from engine.paths import default_model_dir
     from engine.process import start_ticks
@@ -57,8 +64,11 @@ def _controller(args: argparse.Namespace) -> int:
     model_dir = args.model_dir or default_model_dir()
     if args.model_dir is None and not (model_dir / "config.json").exists():
         write_default_model(model_dir)
+    chosen = {k: v for k, v in (("backend", args.backend), ("namespace", args.namespace)) if v}
     config = ControllerConfig(model_dir=model_dir, model_name=args.model_name, host=args.host, port=args.port,
-                              router_port=args.router_port)
+                              router_port=args.router_port, image=args.image, router_url=args.router_url, **chosen)
+    if config.backend == "kubernetes" and not config.port:
+        raise TideflowError("--port is needed on kubernetes: the router Deployment reaches the controller's Service there")
     controller = Controller(config).start()
     port = controller.port
     info = discovery.ControllerInfo(url=controller.url, admin_key=controller.admin_key,
@@ -87,7 +97,7 @@ def _router_replica(args: argparse.Namespace) -> int:
     """`tideflow router` watching this home's controller, with the keys from its store (the same client key,
     so clients may use any replica). Replaces this process: a supervisor sees the router itself."""
     from engine.control import discovery
-    from engine.control.controller import router_env
+    from engine.control.local_runtime import router_env
     from engine.control.store import Store
     from engine.paths import home
     from engine.process import loopback_members, tideflow_argv
@@ -132,7 +142,7 @@ def _down(args: argparse.Namespace) -> int:
     """Through the controller when it answers; else straight from its store (it died): nothing stays."""
     from engine.control import discovery
     from engine.control.client import ControlClient
-    from engine.control.controller import stop_recorded_fleet
+    from engine.control.local_runtime import stop_recorded_fleet
     from engine.process import start_ticks
 
     try:

@@ -1,10 +1,10 @@
-"""The controller: owns the router, the groups and the warm pools of this machine, outlives every flow run.
+"""The controller: owns the router, the groups and the warm pools of a fleet, outlives every flow run.
 
-Desired state (specs, weights, serving/standby) is in SQLite (`Store`); observed state is read from
-the processes; a reconcile loop closes the gap. The data path (client -> router -> members) never
-passes through the controller: its processes run in sessions of their own, so killing the
-controller stops no request, and a restarted controller re-adopts them by pid + start time + port
-+ `/ready` instead of starting duplicates. What it cannot adopt it stops and rebuilds whole.
+Desired state (specs, weights, serving/standby, pools, autoscalers, the last canary) is durable in
+the runtime's store (SQLite here, a ConfigMap on Kubernetes); observed state is read from the
+members each time; a reconcile loop closes the gap. The data path (client -> router -> members)
+never passes through the controller: routers keep the last route set they watched, so killing the
+controller stops no request, and a restarted one adopts what runs (engine/control/runtime.py).
 """
 
 from __future__ import annotations
@@ -13,26 +13,18 @@ import logging
 import os
 import threading
 import time
-from collections import defaultdict
-from pathlib import Path
-
-from pydantic import BaseModel, Field
 
 from engine.control.models import (ApplyGroup, AutoscalerBody, AutoscalerView, CanaryRecord, FleetStatus, GroupView,
                                    Killed, KillMember, MemberView, ScalePool)
-from engine.control.store import DesiredGroup, RouterRecord, Store
+from engine.control.routes import RouteTable
+from engine.control.runtime import ControllerConfig, Runtime, make_runtime
+from engine.control.store import DesiredGroup
 from engine.group.backend import BackendError
-from engine.group.local import LocalProcessBackend, MemberRecord
-from engine.group.manager import GroupManager, GroupState, ManagedGroup, SupervisionPolicy
-from engine.group.spec import InferenceGroup, Member
+from engine.group.manager import GroupManager, GroupState, ManagedGroup
+from engine.group.spec import InferenceGroup
 from engine.http import bearer_client
 from engine.paths import home
-from engine.process import (Adopted, Child, adopt, free_port, loopback_members, port_free, start_service, tideflow_argv,
-                            wait_http_ok)
-from engine.control.routes import RouteTable
 from engine.router.admin import RouterAdminError, scrape_members
-from engine.router.app import ADMIN_KEYS_ENV, UPSTREAM_KEY_ENV
-from engine.router.sync import ROUTES_KEY_ENV
 from engine.scaling.autoscaler import Autoscaler
 from engine.scaling.observe import SetObserver
 from engine.scaling.policy import Bounds
@@ -51,105 +43,42 @@ class ControlError(Exception):
         self.status = status
 
 
-class ControllerConfig(BaseModel):
-    model_dir: Path = Field(description="checkpoint of the router's tokenizer and of groups whose spec names none")
-    model_name: str = Field("default", description="model id clients ask the router for")
-    host: str = Field("127.0.0.1", description="bind address of the controller API, the router and the members")
-    port: int = Field(0, ge=0, le=65535, description="controller API port (0 = the one it had, else any free port)")
-    router_port: int = Field(0, ge=0, le=65535, description="router port (0 = the one it had, else any free port)")
-    router_args: list[str] = Field(default_factory=list, description="extra `tideflow router` flags")
-    reconcile_s: float = Field(0.5, gt=0, description="seconds between two reconcile passes")
-    policy: SupervisionPolicy = Field(default_factory=SupervisionPolicy, description="how groups are supervised and rebuilt")
-
-
 class Controller:
-    """One per TIDEFLOW_HOME. `start()` adopts or starts the router and every desired group."""
+    """One per TIDEFLOW_HOME (or namespace). `start()` adopts or starts the router and every desired group."""
 
-    def __init__(self, config: ControllerConfig, store: Store | None = None) -> None:
+    def __init__(self, config: ControllerConfig, runtime: Runtime | None = None) -> None:
         self.config = config
-        self.store = store or Store(home() / "controller.db")
+        self.runtime = runtime or make_runtime(config)
+        self.store, self.backend = self.runtime.store, self.runtime.backend
+        self.port, self.url = self.runtime.port, self.runtime.url  # where the API listens; routers watch url
         self.admin_key = self.store.secret("controller_admin")  # the control API
         self.client_key = self.store.secret("router_client")  # clients of the router ($TIDEFLOW_HOME/router.key)
         self.routes_key = self.store.secret("routes")  # router replicas -> the route set, nothing else
         self._member_key = self.store.secret("member")  # router and controller -> members only
-        self.port = _keep_port(self.store, config.host, config.port)  # the URL an adopted router watches
-        self.url = f"http://{config.host}:{self.port}"
-        self.store.set_setting("model_dir", str(config.model_dir))  # what `tideflow router-replica` serves with
-        self.store.set_setting("model_name", config.model_name)
         self.routes = RouteTable()
         self._lock = threading.RLock()  # one mutation at a time: API calls and reconcile passes
         self._stop = threading.Event()
         self._stoppers: dict[str, threading.Thread] = {}
         self.pools: dict[str, WarmPool] = {}
         self.autoscalers: dict[str, tuple[Autoscaler, SetObserver]] = {}
-        self.router: Child | Adopted | None = None
-        self.router_url = ""
-        self.backend = LocalProcessBackend(config.model_dir, self._member_key, config.model_name, home() / "logs",
-                                           config.host, ledger=self.store)
         self.manager: GroupManager | None = None
         self._thread = threading.Thread(target=self._loop, name="reconcile", daemon=True)
 
+    @property
+    def router_url(self) -> str:
+        return self.runtime.router_url
+
     # -- start: adopt what runs, start what is missing ------------------------------------------
     def start(self) -> "Controller":
-        self._ensure_router()
+        self.runtime.ensure_router()
         self.manager = GroupManager(self.backend, self.routes, self.config.policy, home() / "groups",
                                     member_key=self._member_key, on_fall=self._replace)
-        self._adopt_groups()
+        self.runtime.adopt(self.manager)
         for name, body in self.store.autoscalers().items():
             self.start_autoscaler(AutoscalerBody.model_validate_json(body), record=False)
             self.store.event("autoscaler", f"resumed over pool {name}")
         self._thread.start()
         return self
-
-    def _ensure_router(self) -> None:
-        """Adopt the recorded router when it is the same live process, watches this controller and answers;
-        else start one. Either way it serves the route set it gets from this controller."""
-        rec = self.store.router()
-        if rec is not None:
-            proc = adopt("router", rec.pid, rec.ticks, Path(rec.log_path))
-            url = f"http://{self.config.host}:{rec.port}"
-            if proc is not None and rec.controller_url == self.url and wait_http_ok(url + "/health", timeout_s=5):
-                self.router, self.router_url = proc, url
-                self.store.event("router", f"adopted router pid {rec.pid} on {url}")
-                return
-            if proc is not None:
-                proc.stop()
-        port = self.config.router_port or (rec.port if rec is not None else 0) or free_port(self.config.host)
-        url = f"http://{self.config.host}:{port}"
-        argv = tideflow_argv("router", "--host", self.config.host, "--port", str(port), "--model-name",
-                             self.config.model_name, "--model-dir", str(self.config.model_dir),
-                             "--controller-url", self.url, *loopback_members(self.config.host), *self.config.router_args)
-        child = start_service(f"router-{port}", argv, home() / "logs" / f"router-{port}.log", url + "/health", 60,
-                              router_env(self.store))
-        self.store.set_router(RouterRecord(pid=child.pid, ticks=child.start_ticks, port=port, log_path=str(child.log_path),
-                                           controller_url=self.url))
-        self.router, self.router_url = child, url
-        self.store.event("router", f"started router pid {child.pid} on {url}")
-
-
-    def _adopt_groups(self) -> None:
-        desired = self.store.groups()
-        by_group: dict[str, list[list[MemberRecord]]] = defaultdict(list)
-        for recs in _by_handle(self.store.members()).values():
-            by_group[recs[0].group].append(recs)
-        for name, builds in by_group.items():
-            want = desired.get(name)
-            keep = builds[-1] if want is not None and len(builds) == 1 else None
-            for recs in builds:
-                if recs is not keep:  # not wanted any more, or two builds of one group: none may stay twice
-                    self._reap(recs)
-            if keep is None:
-                continue
-            try:
-                handle = self.backend.adopt(want.spec, keep, standby=want.standby)
-            except BackendError as exc:
-                self.store.event("adopt", f"group {name}: {exc}; rebuilding it whole")
-                continue
-            self.manager.up(want.spec, standby=want.standby, weight=want.weight, adopted=handle)
-            self.store.event("adopt", f"group {name}: adopted {len(keep)} running members")
-
-    def _reap(self, recs: list[MemberRecord]) -> None:
-        _reap(self.store, recs)
 
     # -- the reconcile loop ----------------------------------------------------------------------
     def _loop(self) -> None:
@@ -161,11 +90,7 @@ class Controller:
 
     def reconcile(self) -> None:
         with self._lock:
-            if self.router is None or not self.router.alive():
-                self.store.event("router", "router process gone; starting a new one")
-                if self.router is not None:
-                    self.router.stop()  # reap it
-                self._ensure_router()
+            self.runtime.ensure_router()
             desired = self.store.groups()
             managed = self.manager.groups
             for name, want in desired.items():
@@ -278,24 +203,26 @@ class Controller:
         return took
 
     def kill_member(self, name: str, body: KillMember) -> Killed:
-        """SIGKILL one member through the backend (what fault drills do; no caller needs a pid of its own)."""
+        """Kill one member through the backend (what fault drills do; no caller needs a pid of its own)."""
         g = self._group(name)
         handle = g.status.handle
         if handle is None or g.status.state != GroupState.READY:
             raise ControlError(409, f"group {name} is {g.status.state.value}, not Ready")
-        pids = self.backend.pids(handle)
+        members = self.backend.identities(handle)
         if body.target == "expert":
-            candidates = [m for m in pids if m.size > 1 and m.rank > 0]
+            candidates = [m for m in members if m.rank > 0]
         else:
-            candidates = [m for m in pids if m.role == body.target]
+            candidates = [m for m in members if m.role == body.target]
         if not candidates:
             raise ControlError(404, f"group {name} has no {body.target} member to kill")
-        member: Member = sorted(candidates, key=lambda m: (m.instance, m.rank))[0]
-        pid, gone = self.backend.kill_member(handle, member)
-        self.store.event("kill", f"group {name}: SIGKILL {member.role}/{member.instance}/{member.rank} pid {pid}"
-                                 f"{'' if gone else ' (still alive!)'}")
-        return Killed(member=f"{member.role}/{member.instance}/{member.rank}", pid=pid, handle=handle.id,
-                      pids_before=sorted(pids.values()), landed=gone)
+        member = candidates[0]
+        try:
+            landed = self.backend.kill(handle, member)
+        except BackendError as exc:
+            raise ControlError(409, str(exc)) from None
+        where = f"{member.role}/{member.instance}/{member.rank}"
+        self.store.event("kill", f"group {name}: killed {where} ({member.id}){'' if landed else ' (still running!)'}")
+        return Killed(member=where, id=member.id, handle=handle.id, before=[m.id for m in members], landed=landed)
 
     def scale_pool(self, body: ScalePool) -> ScaleResult:
         with self._lock:
@@ -371,15 +298,19 @@ class Controller:
     def view(self, name: str) -> GroupView:
         g = self._group(name)
         s = g.status
-        pids = {}
+        ids = []
         if s.handle is not None:
             try:
-                pids = self.backend.pids(s.handle)
+                ids = self.backend.identities(s.handle)
             except BackendError:
-                pids = {}  # the build just ended: no member to name
-        by_place = {(m.role, m.instance, m.rank): p for m, p in pids.items()}
-        members = [MemberView(role=m.role, instance=m.instance, rank=m.rank, endpoint=m.endpoint, phase=m.phase.value,
-                              pid=by_place.get((m.role, m.instance, m.rank))) for m in s.members]
+                ids = []  # the build just ended: no member to name
+        by_place = {(i.role, i.instance, i.rank): i for i in ids}
+        members = []
+        for m in s.members:
+            ident = by_place.get((m.role, m.instance, m.rank))
+            members.append(MemberView(role=m.role, instance=m.instance, rank=m.rank, endpoint=m.endpoint,
+                                      phase=m.phase.value, pid=ident.pid if ident else None,
+                                      id=ident.id if ident else None))
         return GroupView(name=s.name, version=s.version, state=s.state, weight=g.weight, standby=g.standby,
                          restarts=s.restarts, handle=s.handle.id if s.handle else None,
                          message=s.events[-1].message if s.events else "", last_activation_s=s.last_activation_s,
@@ -389,7 +320,7 @@ class Controller:
         with self._lock:
             names = sorted(self.manager.groups)
         canary = self.store.canary()
-        return FleetStatus(router_url=self.router_url, router_pid=self.router.pid if self.router else None,
+        return FleetStatus(router_url=self.router_url, router_pid=self.runtime.router_pid(), backend=self.config.backend,
                            router_replicas=self.routes.replicas(), controller_pid=os.getpid(), groups=[self.view(n) for n in names],
                            canary=CanaryRecord.model_validate_json(canary) if canary else None)
 
@@ -423,9 +354,7 @@ class Controller:
                     self.manager.shutdown(drain_s)
                 for t in self._stoppers.values():
                     t.join(timeout=drain_s + 30)
-                if self.router is not None:
-                    self.router.stop()
-                _stop_leftovers(self.store)
+                self.runtime.stop_leftovers()
                 self.store.event("down", "every group and the router stopped")
 
 
@@ -444,66 +373,6 @@ class _LockedPool:
             return self.controller._scale(self.pool, n, floor)
 
 
-def router_env(store: Store) -> dict[str, str]:
-    """The keys a router replica needs: clients', its admin API's, the members', and the route set's."""
-    return {"TIDEFLOW_API_KEYS": store.secret("router_client"), ADMIN_KEYS_ENV: store.secret("router_admin"),
-            UPSTREAM_KEY_ENV: store.secret("member"), ROUTES_KEY_ENV: store.secret("routes")}
-
-
-def _keep_port(store: Store, host: str, asked: int) -> int:
-    """`asked`, else the port this controller had (when still free), else a free one; recorded for the next start."""
-    had = store.setting("controller_port")
-    port = asked or (int(had) if had and port_free(host, int(had)) else free_port(host))
-    store.set_setting("controller_port", str(port))
-    return port
-
-
 def _shape(spec: InferenceGroup) -> str:
     """What makes two groups interchangeable: everything but the name (pool copies differ only by it)."""
     return spec.model_copy(update={"name": "_", "warm_pool": 0}).model_dump_json()
-
-
-def _by_handle(records: list[MemberRecord]) -> dict[str, list[MemberRecord]]:
-    out: dict[str, list[MemberRecord]] = defaultdict(list)
-    for rec in records:
-        out[rec.handle_id].append(rec)
-    return out
-
-
-def _reap(store: Store, recs: list[MemberRecord]) -> int:
-    """Stop the recorded members that are still the same processes; forget the build. Returns how many ran."""
-    stopped = 0
-    for rec in recs:
-        proc = adopt(rec.handle_id, rec.pid, rec.ticks, Path(rec.log_path))
-        if proc is not None:
-            proc.stop(grace_s=2.0)
-            stopped += 1
-    store.forget(recs[0].handle_id)
-    store.event("reap", f"stopped {stopped} leftover members of {recs[0].group} ({recs[0].handle_id})")
-    return stopped
-
-
-def _stop_leftovers(store: Store) -> int:
-    """Every recorded member and the recorded router, when still running; the records are cleared."""
-    stopped = sum(_reap(store, recs) for recs in _by_handle(store.members()).values())
-    rec = store.router()
-    if rec is not None:
-        proc = adopt("router", rec.pid, rec.ticks, Path(rec.log_path))
-        if proc is not None:
-            proc.stop()
-            stopped += 1
-        store.set_router(None)
-    return stopped
-
-
-def stop_recorded_fleet() -> int:
-    """`tideflow down` when no controller answers: stop what the last one recorded, forget desired state."""
-    store = Store(home() / "controller.db")
-    try:
-        for name in store.groups():
-            store.delete_group(name)
-        stopped = _stop_leftovers(store)
-        store.event("down", f"no controller answered; {stopped} recorded processes stopped")
-        return stopped
-    finally:
-        store.close()

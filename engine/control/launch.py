@@ -7,7 +7,7 @@ import time
 
 from engine.control import discovery
 from engine.control.client import ControlAPIError, ControlClient
-from engine.control.controller import stop_recorded_fleet
+from engine.control.local_runtime import stop_recorded_fleet
 from engine.paths import home
 from engine.process import Child, tideflow_argv
 

@@ -33,10 +33,10 @@ class KillMember(BaseModel):
 
 class Killed(BaseModel):
     member: str = Field(description="role/instance/rank of the killed member")
-    pid: int
-    handle: str = Field(description="id of the group's build that was hit (a rebuild gets a new one)")
-    pids_before: list[int] = Field(description="every member pid of that build")
-    landed: bool = Field(description="the process was seen gone after the signal (the fault really happened)")
+    id: str = Field(description="what was killed: 'pid N' (local) or 'pod NAME UID' (Kubernetes)")
+    handle: str = Field(description="id of the group's build that was hit")
+    before: list[str] = Field(description="the identity of every member of that build (a rebuild has none of them)")
+    landed: bool = Field(description="the member was seen gone after the kill (the fault really happened)")
 
 
 class ScalePool(BaseModel):
@@ -56,6 +56,7 @@ class MemberView(BaseModel):
     endpoint: str | None
     phase: str
     pid: int | None = Field(None, description="process id on the local backend; None where there is none")
+    id: str | None = Field(None, description="'pid N' or 'pod NAME UID': changes when the member is rebuilt")
 
 
 class GroupView(BaseModel):
@@ -86,6 +87,7 @@ class CanaryRecord(BaseModel):
 class FleetStatus(BaseModel):
     router_url: str
     router_pid: int | None = Field(None, description="the router process on the local backend")
+    backend: str = Field("local", description="where members run: local or kubernetes")
     router_replicas: list[dict] = Field(default_factory=list, description="router replicas watching the route set now")
     controller_pid: int
     groups: list[GroupView]

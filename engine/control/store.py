@@ -15,6 +15,7 @@ import sqlite3
 import threading
 import time
 from pathlib import Path
+from typing import Protocol
 
 from pydantic import BaseModel, Field
 
@@ -59,8 +60,38 @@ class Event(BaseModel):
     message: str
 
 
+class StateStore(Protocol):
+    """What the controller keeps durable, on any runtime: desired groups, autoscaler policies, the last
+    canary, small settings, events, and the keys of the fleet."""
+
+    def put_group(self, desired: DesiredGroup) -> None: ...
+
+    def delete_group(self, name: str) -> bool: ...
+
+    def groups(self) -> dict[str, DesiredGroup]: ...
+
+    def put_autoscaler(self, name: str, body_json: str) -> None: ...
+
+    def delete_autoscaler(self, name: str) -> bool: ...
+
+    def autoscalers(self) -> dict[str, str]: ...
+
+    def put_canary(self, body_json: str) -> None: ...
+
+    def canary(self) -> str | None: ...
+
+    def secret(self, name: str) -> str: ...
+
+    def event(self, kind: str, message: str) -> None: ...
+
+    def events(self, limit: int = 200) -> list[Event]: ...
+
+    def close(self) -> None: ...
+
+
 class Store:
-    """Thread-safe: one connection, one lock (the controller's writes are few and small)."""
+    """The local runtime's StateStore, plus its process ledger and router record. Thread-safe: one
+    connection, one lock (the controller's writes are few and small)."""
 
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -103,24 +103,25 @@ async def _one(client: ControlClient, spec: FaultDrillSpec, repeat: int) -> Faul
     t_kill = time.monotonic()
     if not killed.landed:
         load.cancel()
-        raise FaultDrillError(f"the kill of {killed.member} pid {killed.pid} did not land: the process is still alive")
+        raise FaultDrillError(f"the kill of {killed.member} ({killed.id}) did not land: it is still running")
     eject_s = await _until(lambda: not _routable(client, spec.group), spec.recovery_timeout_s, t_kill)
-    recover_s = await _until(lambda: _rebuilt(client, spec.group, killed.handle), spec.recovery_timeout_s, t_kill)
+    recover_s = await _until(lambda: _rebuilt(client, spec.group, killed.before), spec.recovery_timeout_s, t_kill)
     report = await load
-    after = {m.pid for m in client.group(spec.group).members if m.pid} if recover_s is not None else set()
-    return FaultRun(repeat=repeat, killed=f"{killed.member} pid {killed.pid}", eject_s=eject_s, recover_s=recover_s,
-                    all_members_new=bool(after) and after.isdisjoint(killed.pids_before), load=report)
+    after = {m.id for m in client.group(spec.group).members if m.id} if recover_s is not None else set()
+    return FaultRun(repeat=repeat, killed=f"{killed.member} ({killed.id})", eject_s=eject_s, recover_s=recover_s,
+                    all_members_new=bool(after) and after.isdisjoint(killed.before), load=report)
 
 
 def _routable(client: ControlClient, name: str) -> bool:
     return any(g["name"] == name and g["routable"] for g in client.groups())
 
 
-def _rebuilt(client: ControlClient, name: str, old_handle: str) -> bool:
-    """Rebuilt whole (a new build) and back: Ready, or Standby when a warm standby took its place and it
-    was rebuilt into the pool."""
+def _rebuilt(client: ControlClient, name: str, before: list[str]) -> bool:
+    """Rebuilt and back: Ready (or Standby, when a warm standby took its place and it was rebuilt into the
+    pool) with at least one member that is not one of the killed build's (a process or pod of its own)."""
     view = client.group(name)
-    return view.state in (GroupState.READY, GroupState.STANDBY) and view.handle not in (None, old_handle)
+    now = {m.id for m in view.members if m.id}
+    return view.state in (GroupState.READY, GroupState.STANDBY) and bool(now) and not now <= set(before)
 
 
 async def _until(condition, timeout_s: float, since: float) -> float | None:

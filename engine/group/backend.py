@@ -57,6 +57,19 @@ class MemberStatus(BaseModel):
     message: str = Field("", description="why it is in this phase, when the substrate says")
 
 
+class MemberIdentity(BaseModel):
+    """Which running thing a member is now: a process (local) or a pod (Kubernetes). A rebuilt member
+    is a new identity, which is how a fault drill proves its instance was rebuilt."""
+
+    model_config = ConfigDict(frozen=True)
+
+    role: Role
+    instance: int = Field(ge=0)
+    rank: int = Field(ge=0)
+    id: str = Field(description="'pid 1234' or 'pod <name> <uid>': unique among the members a backend ever ran")
+    pid: int | None = Field(None, description="the process id on the local backend; None for a pod")
+
+
 class Backend(abc.ABC):
     """Runs InferenceGroups. Every call is bounded in time; failures raise TideflowError subclasses."""
 
@@ -85,3 +98,12 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def delete(self, handle: GroupHandle) -> None:
         """Remove everything the group created and return once no member is left."""
+
+    @abc.abstractmethod
+    def identities(self, handle: GroupHandle) -> list[MemberIdentity]:
+        """The running thing behind every member of the build now, sorted by (role, instance, rank)."""
+
+    @abc.abstractmethod
+    def kill(self, handle: GroupHandle, member: MemberIdentity, confirm_s: float = 10.0) -> bool:
+        """Kill one member at once, with no grace (fault drills): True when it was seen gone within `confirm_s`
+        (a fault that did not land must not count as one)."""

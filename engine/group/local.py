@@ -12,7 +12,7 @@ from typing import Protocol
 import httpx
 from pydantic import BaseModel, Field
 
-from engine.group.backend import Backend, BackendError, GroupHandle, MemberStatus, Phase
+from engine.group.backend import Backend, BackendError, GroupHandle, MemberIdentity, MemberStatus, Phase
 from engine.group.spec import InferenceGroup, Member, Role
 from engine.http import bearer_client
 from engine.paths import home
@@ -196,8 +196,12 @@ class LocalProcessBackend(Backend):
         return False
 
     def pids(self, handle: GroupHandle) -> dict[Member, int]:
-        """Process ids per member (fault drills kill them)."""
+        """Process ids per member."""
         return {m: c.pid for m, c in self._run(handle).children.items()}
+
+    def identities(self, handle: GroupHandle) -> list[MemberIdentity]:
+        return sorted((MemberIdentity(role=m.role, instance=m.instance, rank=m.rank, id=f"pid {pid}", pid=pid)
+                       for m, pid in self.pids(handle).items()), key=lambda i: (i.role, i.instance, i.rank))
 
     def stop(self, handle: GroupHandle, drain_s: float) -> None:
         run = self._run(handle)
@@ -226,14 +230,15 @@ class LocalProcessBackend(Backend):
         if self.ledger is not None:
             self.ledger.forget(handle.id)
 
-    def kill_member(self, handle: GroupHandle, member: Member, confirm_s: float = 10.0) -> tuple[int, bool]:
-        """SIGKILL one member (fault drills): its pid, and whether the process was seen gone within
-        `confirm_s` (a fault that did not land must not count as one)."""
-        child = self._run(handle).children.get(member)
-        if child is None:
-            raise BackendError(f"group {handle.group} has no member {member.role}/{member.instance}/{member.rank}")
+    def kill(self, handle: GroupHandle, member: MemberIdentity, confirm_s: float = 10.0) -> bool:
+        """SIGKILL the member's process."""
+        children = self._run(handle).children
+        child = next((c for m, c in children.items() if (m.role, m.instance, m.rank) == (member.role, member.instance,
+                                                                                            member.rank)), None)
+        if child is None or child.pid != member.pid:
+            raise BackendError(f"group {handle.group} has no member {member.id} now")
         child.kill()
         deadline = time.monotonic() + confirm_s
         while child.alive() and time.monotonic() < deadline:
             time.sleep(0.01)
-        return child.pid, not child.alive()
+        return not child.alive()

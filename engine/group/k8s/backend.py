@@ -15,10 +15,10 @@ from kubernetes import client, config, dynamic, watch
 from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic.exceptions import DynamicApiError, ResourceNotFoundError
 
-from engine.group.backend import Backend, BackendError, GroupHandle, MemberStatus, Phase
+from engine.group.backend import Backend, BackendError, GroupHandle, MemberIdentity, MemberStatus, Phase
 from engine.group.k8s.manifests import (
     GROUP_LABEL, LWS_API_VERSION, LWS_GROUP, LWS_GROUP_INDEX_LABEL, LWS_PLURAL, LWS_VERSION,
-    LWS_WORKER_INDEX_LABEL, POOL_LABEL, ROLE_LABEL, render,
+    LWS_WORKER_INDEX_LABEL, NAME_LABEL, POOL_LABEL, ROLE_LABEL, render,
 )
 from engine.group.spec import InferenceGroup, Role
 
@@ -50,13 +50,12 @@ class KubernetesBackend(Backend):
 
     @classmethod
     def from_kubeconfig(cls, namespace: str = "default", image: str = DEFAULT_IMAGE, context: str | None = None) -> "KubernetesBackend":
-        """Use $KUBECONFIG (or ~/.kube/config), or the in-cluster service account when running in a pod."""
-        try:
-            api = config.new_client_from_config(context=context)
-        except config.ConfigException:
-            config.load_incluster_config()
-            api = client.ApiClient()
-        return cls(api, namespace=namespace, image=image)
+        return cls(api_client(context), namespace=namespace, image=image)
+
+    def running_groups(self) -> set[str]:
+        """Names of every group that has a LeaderWorkerSet in the namespace (what a restarted controller finds)."""
+        return {o["metadata"]["labels"][GROUP_LABEL] for o in self._list(LWS_API_VERSION, "LeaderWorkerSet",
+                                                                          f"{NAME_LABEL}=tideflow")[0].values()}
 
     def start(self, group: InferenceGroup, standby: bool = False) -> GroupHandle:
         for doc in render(group, self.namespace, self.image, standby=standby):
@@ -69,6 +68,19 @@ class KubernetesBackend(Backend):
         pods = self._list("v1", "Pod", _serving(handle))[0]
         self._observe(pods.values())
         return sorted((self._status(p) for p in _current(pods).values()), key=lambda m: (m.role, m.instance, m.rank))
+
+    def identities(self, handle: GroupHandle) -> list[MemberIdentity]:
+        pods = _current(self._list("v1", "Pod", _serving(handle))[0])
+        out = [MemberIdentity(role=_key(p)[0], instance=_key(p)[1], rank=_key(p)[2],  # type: ignore[arg-type]
+                              id=f"pod {p['metadata']['name']} {uid}") for uid, p in pods.items()]
+        return sorted(out, key=lambda i: (i.role, i.instance, i.rank))
+
+    def kill(self, handle: GroupHandle, member: MemberIdentity, confirm_s: float = 10.0) -> bool:
+        """Delete the member's pod with no grace period; LWS then recreates its whole instance."""
+        _, name, uid = member.id.split(" ")
+        self._call(f"delete pod {name}", lambda: self._resource("v1", "Pod").delete(
+            name=name, namespace=self.namespace, body={"gracePeriodSeconds": 0, "preconditions": {"uid": uid}}))
+        return self._wait_pods(_serving(handle), lambda pods: uid not in pods, confirm_s)
 
     def wait_ready(self, handle: GroupHandle, timeout_s: float) -> bool:
         lws = self._list(LWS_API_VERSION, "LeaderWorkerSet", _serving(handle))[0].values()
@@ -193,6 +205,18 @@ class KubernetesBackend(Backend):
             return fn()
         except (ApiException, DynamicApiError) as exc:
             raise BackendError(f"{what} in namespace {self.namespace}: {_reason(exc)}") from None
+
+
+def api_client(context: str | None = None) -> client.ApiClient:
+    """$KUBECONFIG (or ~/.kube/config), else the in-cluster service account when running in a pod."""
+    try:
+        return config.new_client_from_config(context=context)
+    except config.ConfigException:
+        try:
+            config.load_incluster_config()
+        except config.ConfigException as exc:
+            raise BackendError(f"no Kubernetes API to talk to: no usable KUBECONFIG and not in a pod ({exc})") from None
+        return client.ApiClient()
 
 
 def _serving(handle: GroupHandle) -> str:

@@ -36,6 +36,7 @@ POOL_LABEL = "tideflow.dev/warm-pool"
 NAME_LABEL = "app.kubernetes.io/name"
 
 ENGINE_PORT = 8100
+KEYS_SECRET = "tideflow-keys"  # every key of the fleet; deployments/kubernetes/ maps them to env vars
 NODE_CACHE = "/var/lib/tideflow"  # hostPath: the node's weights cache, TIDEFLOW_HOME inside the pod
 STARTUP_BUDGET_S = 900  # weights load + warmup allowed before liveness applies
 
@@ -105,6 +106,8 @@ def _env() -> list[dict[str, Any]]:
         {"name": "POD_IP", "valueFrom": field("status.podIP")},
         {"name": "TIDEFLOW_INSTANCE", "valueFrom": field(f"metadata.labels['{LWS_GROUP_INDEX_LABEL}']")},
         {"name": "TIDEFLOW_HOME", "value": NODE_CACHE},
+        # The members' API key: only the router and the controller hold it (deployments/kubernetes/README.md).
+        {"name": "TIDEFLOW_API_KEYS", "valueFrom": {"secretKeyRef": {"name": KEYS_SECRET, "key": "member"}}},
     ]
 
 

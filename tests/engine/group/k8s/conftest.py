@@ -96,6 +96,7 @@ class ReplayServer:
             self.exchanges += json.loads((RECORDINGS / f"{name}.json").read_text())["exchanges"]
         self.used = [False] * len(self.exchanges)
         self.requests: list[dict[str, Any]] = []
+        self.configmaps: dict[str, dict[str, Any]] = {}  # name -> ConfigMap: see _configmap
         self.closing = threading.Event()
         self._lock = threading.Lock()
         self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
@@ -132,6 +133,34 @@ class ReplayServer:
                     return exchange
         return None
 
+    def _configmap(self, method: str, path: str, body: Any) -> tuple[int, dict[str, Any]]:
+        """A hand-made, stateful stand-in for the ConfigMap API (not a recording): get, create, and a merge
+        patch of `data` where null removes a key, as the API server documents them; enough to check that
+        what one KubeStore writes, the next one (a restarted controller) reads back."""
+        parts = path.strip("/").split("/")  # api v1 namespaces NS configmaps [NAME]
+        name = parts[5] if len(parts) > 5 else (body or {}).get("metadata", {}).get("name")
+        have = self.configmaps.get(name)
+
+        def status(code: int, reason: str) -> tuple[int, dict[str, Any]]:
+            return code, {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": reason, "code": code,
+                          "message": f"configmaps {name!r} {reason}"}
+
+        if method == "GET":
+            return (200, have) if have else status(404, "NotFound")
+        if method == "POST":
+            if have:
+                return status(409, "AlreadyExists")
+            self.configmaps[name] = {"apiVersion": "v1", "kind": "ConfigMap", **body, "data": body.get("data") or {}}
+            return 201, self.configmaps[name]
+        if method == "PATCH" and have:
+            for key, value in (body.get("data") or {}).items():
+                if value is None:
+                    have["data"].pop(key, None)
+                else:
+                    have["data"][key] = value
+            return 200, have
+        return status(404, "NotFound")
+
     def _handler(self):
         replay = self
 
@@ -149,6 +178,8 @@ class ReplayServer:
                 body = _parse_body(raw, self.headers.get("Content-Type") or "")
                 replay.requests.append({"method": self.command, "path": url.path, "query": query,
                                         "content_type": self.headers.get("Content-Type"), "body": body})
+                if "/configmaps" in url.path:
+                    return self._json(*replay._configmap(self.command, url.path, body))
                 exchange = replay._match(self.command, url.path, query, body)
                 if exchange is None:
                     status = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404,

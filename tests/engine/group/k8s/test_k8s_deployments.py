@@ -21,31 +21,44 @@ def docs(name: str) -> list[dict]:
     return [d for d in yaml.safe_load_all((K8S / name).read_text()) if d]
 
 
-@pytest.mark.parametrize("name", ["router.yaml", "rbac.yaml"])
+@pytest.mark.parametrize("name", ["router.yaml", "rbac.yaml", "controller.yaml"])
 def test_core_manifests_validate(name, k8s_validate):
     for doc in docs(name):
         k8s_validate(doc)
 
 
-def test_flows_role_covers_every_call_the_backend_makes():
-    role = next(d for d in docs("rbac.yaml") if d["kind"] == "Role" and d["metadata"]["name"] == "tideflow-flows")
-    grants = {(g, r): set(rule["verbs"]) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"]}
-    apply = {"get", "create", "patch", "list", "delete"}
-    assert apply <= grants["leaderworkerset.x-k8s.io", "leaderworkersets"]
-    assert "patch" in grants["leaderworkerset.x-k8s.io", "leaderworkersets/scale"]
-    assert apply <= grants["", "services"] and apply <= grants["policy", "poddisruptionbudgets"]
-    assert grants["", "pods"] == {"get", "list", "watch"}
-    assert grants["", "events"] == {"list", "watch"}
-    kinds = {d["kind"] for d in render(InferenceGroup.from_yaml(GROUPS / "large-4xdep2-dep8.yaml"), "ns", "img")}
-    assert kinds == {"LeaderWorkerSet", "Service", "PodDisruptionBudget"}
-    assert all(rule["verbs"] != ["*"] and rule["resources"] != ["*"] for rule in role["rules"])
-
-
-def test_router_service_selects_router_pods():
-    deployment, service = docs("router.yaml")
+@pytest.mark.parametrize("name, account", [("router.yaml", "tideflow-router"), ("controller.yaml", "tideflow-controller")])
+def test_services_select_their_pods_and_accounts_exist(name, account):
+    deployment, service = docs(name)
     pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
     assert service["spec"]["selector"].items() <= pod_labels.items()
-    assert deployment["spec"]["template"]["spec"]["serviceAccountName"] == "tideflow-router"
+    assert deployment["spec"]["template"]["spec"]["serviceAccountName"] == account
+    assert account in {d["metadata"]["name"] for d in docs("rbac.yaml") if d["kind"] == "ServiceAccount"}
+
+
+def test_router_and_controller_commands_parse_and_meet():
+    """Both run `tideflow ...` with flags that exist today, the routers watch the controller's Service, and
+    every key either reads comes from the one Secret the README tells users to create."""
+    from flows.cli import build_parser
+
+    router, controller = docs("router.yaml")[0], docs("controller.yaml")[0]
+    argv = {}
+    for deployment in (router, controller):
+        container = deployment["spec"]["template"]["spec"]["containers"][0]
+        assert container["command"] == ["tideflow"]
+        args = [a.replace("$(POD_IP)", "10.0.0.9").replace("$(POD_NAME)", "router-abc") for a in container["args"]]
+        build_parser().parse_args(args)
+        argv[container["name"]] = container["args"]
+        secrets = {e["valueFrom"]["secretKeyRef"]["name"] for e in container["env"] if "secretKeyRef" in e.get("valueFrom", {})}
+        assert secrets == {"tideflow-keys"}
+    controller_service = docs("controller.yaml")[1]
+    url = argv["router"][argv["router"].index("--controller-url") + 1]
+    assert url == f"http://{controller_service['metadata']['name']}:{controller_service['spec']['ports'][0]['port']}"
+    assert argv["controller"][argv["controller"].index("--port") + 1] == str(controller_service["spec"]["ports"][0]["port"])
+    router_service = docs("router.yaml")[1]
+    assert argv["controller"][argv["controller"].index("--router-url") + 1] == \
+        f"http://{router_service['metadata']['name']}:{router_service['spec']['ports'][0]['port']}"
+    assert controller["spec"]["replicas"] == 1 and controller["spec"]["strategy"]["type"] == "Recreate"
 
 
 def test_monitors_have_required_structure_and_match_targets():

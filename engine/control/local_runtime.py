@@ -1,0 +1,159 @@
+"""The local runtime: members and the router are processes on this machine, desired state is SQLite.
+
+Processes run in sessions of their own, so killing the controller stops no request; the process
+ledger (pid + start time + port) lets a restarted controller re-adopt them instead of starting
+duplicates, and what it cannot adopt it stops and rebuilds whole.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+
+from engine.control.runtime import ControllerConfig, Runtime
+from engine.control.store import RouterRecord, Store
+from engine.group.backend import BackendError
+from engine.group.local import LocalProcessBackend, MemberRecord
+from engine.group.manager import GroupManager
+from engine.paths import home
+from engine.process import (Adopted, Child, adopt, free_port, loopback_members, port_free, start_service, tideflow_argv,
+                            wait_http_ok)
+from engine.router.app import ADMIN_KEYS_ENV, UPSTREAM_KEY_ENV
+from engine.router.sync import ROUTES_KEY_ENV
+
+
+class LocalRuntime(Runtime):
+    def __init__(self, config: ControllerConfig, store: Store | None = None) -> None:
+        self.config = config
+        self.store = store or Store(home() / "controller.db")
+        self.port = _keep_port(self.store, config.host, config.port)  # the URL an adopted router watches
+        self.url = f"http://{config.host}:{self.port}"
+        self.store.set_setting("model_dir", str(config.model_dir))  # what `tideflow router-replica` serves with
+        self.store.set_setting("model_name", config.model_name)
+        self.backend = LocalProcessBackend(config.model_dir, self.store.secret("member"), config.model_name,
+                                           home() / "logs", config.host, ledger=self.store)
+        self.router: Child | Adopted | None = None
+        self.router_url = ""
+
+    def ensure_router(self) -> None:
+        if self.router is not None:
+            if self.router.alive():
+                return
+            self.store.event("router", "router process gone; starting a new one")
+            self.router.stop()  # reap it
+        self.router = None
+        self._adopt_or_start_router()
+
+    def _adopt_or_start_router(self) -> None:
+        """Adopt the recorded router when it is the same live process, watches this controller and answers;
+        else start one. Either way it serves the route set it gets from this controller."""
+        rec = self.store.router()
+        if rec is not None:
+            proc = adopt("router", rec.pid, rec.ticks, Path(rec.log_path))
+            url = f"http://{self.config.host}:{rec.port}"
+            if proc is not None and rec.controller_url == self.url and wait_http_ok(url + "/health", timeout_s=5):
+                self.router, self.router_url = proc, url
+                self.store.event("router", f"adopted router pid {rec.pid} on {url}")
+                return
+            if proc is not None:
+                proc.stop()
+        port = self.config.router_port or (rec.port if rec is not None else 0) or free_port(self.config.host)
+        url = f"http://{self.config.host}:{port}"
+        argv = tideflow_argv("router", "--host", self.config.host, "--port", str(port), "--model-name",
+                             self.config.model_name, "--model-dir", str(self.config.model_dir),
+                             "--controller-url", self.url, *loopback_members(self.config.host), *self.config.router_args)
+        child = start_service(f"router-{port}", argv, home() / "logs" / f"router-{port}.log", url + "/health", 60,
+                              router_env(self.store))
+        self.store.set_router(RouterRecord(pid=child.pid, ticks=child.start_ticks, port=port,
+                                           log_path=str(child.log_path), controller_url=self.url))
+        self.router, self.router_url = child, url
+        self.store.event("router", f"started router pid {child.pid} on {url}")
+
+    def router_pid(self) -> int | None:
+        return self.router.pid if self.router is not None else None
+
+    def adopt(self, manager: GroupManager) -> None:
+        desired = self.store.groups()
+        by_group: dict[str, list[list[MemberRecord]]] = defaultdict(list)
+        for recs in _by_handle(self.store.members()).values():
+            by_group[recs[0].group].append(recs)
+        for name, builds in by_group.items():
+            want = desired.get(name)
+            keep = builds[-1] if want is not None and len(builds) == 1 else None
+            for recs in builds:
+                if recs is not keep:  # not wanted any more, or two builds of one group: none may stay twice
+                    _reap(self.store, recs)
+            if keep is None:
+                continue
+            try:
+                handle = self.backend.adopt(want.spec, keep, standby=want.standby)
+            except BackendError as exc:
+                self.store.event("adopt", f"group {name}: {exc}; rebuilding it whole")
+                continue
+            manager.up(want.spec, standby=want.standby, weight=want.weight, adopted=handle)
+            self.store.event("adopt", f"group {name}: adopted {len(keep)} running members")
+
+    def stop_leftovers(self) -> int:
+        stopped = _stop_leftovers(self.store)
+        self.router = None
+        return stopped
+
+
+def router_env(store: Store) -> dict[str, str]:
+    """The keys a router replica needs: clients', its admin API's, the members', and the route set's."""
+    return {"TIDEFLOW_API_KEYS": store.secret("router_client"), ADMIN_KEYS_ENV: store.secret("router_admin"),
+            UPSTREAM_KEY_ENV: store.secret("member"), ROUTES_KEY_ENV: store.secret("routes")}
+
+
+def _keep_port(store: Store, host: str, asked: int) -> int:
+    """`asked`, else the port this controller had (when still free), else a free one; recorded for the next start."""
+    had = store.setting("controller_port")
+    port = asked or (int(had) if had and port_free(host, int(had)) else free_port(host))
+    store.set_setting("controller_port", str(port))
+    return port
+
+
+def _by_handle(records: list[MemberRecord]) -> dict[str, list[MemberRecord]]:
+    out: dict[str, list[MemberRecord]] = defaultdict(list)
+    for rec in records:
+        out[rec.handle_id].append(rec)
+    return out
+
+
+def _reap(store: Store, recs: list[MemberRecord]) -> int:
+    """Stop the recorded members that are still the same processes; forget the build. Returns how many ran."""
+    stopped = 0
+    for rec in recs:
+        proc = adopt(rec.handle_id, rec.pid, rec.ticks, Path(rec.log_path))
+        if proc is not None:
+            proc.stop(grace_s=2.0)
+            stopped += 1
+    store.forget(recs[0].handle_id)
+    store.event("reap", f"stopped {stopped} leftover members of {recs[0].group} ({recs[0].handle_id})")
+    return stopped
+
+
+def _stop_leftovers(store: Store) -> int:
+    """Every recorded member and the recorded router, when still running; the records are cleared."""
+    stopped = sum(_reap(store, recs) for recs in _by_handle(store.members()).values())
+    rec = store.router()
+    if rec is not None:
+        proc = adopt("router", rec.pid, rec.ticks, Path(rec.log_path))
+        if proc is not None:
+            proc.stop()
+            stopped += 1
+        store.set_router(None)
+    return stopped
+
+
+def stop_recorded_fleet() -> int:
+    """`tideflow down` when no controller answers: stop what the last one recorded, forget desired state."""
+    store = Store(home() / "controller.db")
+    try:
+        for name in store.groups():
+            store.delete_group(name)
+        stopped = _stop_leftovers(store)
+        store.event("down", f"no controller answered; {stopped} recorded processes stopped")
+        return stopped
+    finally:
+        store.close()

@@ -1,0 +1,75 @@
+"""What differs between running the fleet as processes on this machine and on Kubernetes, behind one interface.
+
+The controller's logic (reconcile, apply, weights, pools, autoscalers, warm replacement) is the same on
+both; a Runtime supplies the backend that runs members, the store that keeps desired state durable,
+the router, and what a restarted controller does with what it finds running.
+"""
+
+from __future__ import annotations
+
+import abc
+import os
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from engine.control.store import StateStore
+from engine.group.backend import Backend
+from engine.group.manager import GroupManager, SupervisionPolicy
+
+BACKEND_ENV = "TIDEFLOW_BACKEND"
+NAMESPACE_ENV = "TIDEFLOW_NAMESPACE"
+
+
+class ControllerConfig(BaseModel):
+    backend: Literal["local", "kubernetes"] = Field(
+        default_factory=lambda: os.environ.get(BACKEND_ENV, "local"),  # type: ignore[arg-type]
+        description=f"where members run: processes here, or LeaderWorkerSets (also ${BACKEND_ENV})")
+    model_dir: Path = Field(description="checkpoint of the router's tokenizer and of groups whose spec names none")
+    model_name: str = Field("default", description="model id clients ask the router for")
+    host: str = Field("127.0.0.1", description="bind address of the controller API (local: also the router and members)")
+    port: int = Field(0, ge=0, le=65535, description="controller API port (0 = the one it had, else any free port)")
+    router_port: int = Field(0, ge=0, le=65535, description="local: router port (0 = the one it had, else any free port)")
+    router_args: list[str] = Field(default_factory=list, description="local: extra `tideflow router` flags")
+    router_url: str = Field("http://tideflow-router:8000",
+                            description="kubernetes: the router Service clients use (reported by status)")
+    namespace: str = Field(default_factory=lambda: os.environ.get(NAMESPACE_ENV, "default"),
+                           description=f"kubernetes: namespace of the groups and the state ConfigMap (also ${NAMESPACE_ENV})")
+    image: str = Field("tideflow:latest", description="kubernetes: image of the group members")
+    reconcile_s: float = Field(0.5, gt=0, description="seconds between two reconcile passes")
+    policy: SupervisionPolicy = Field(default_factory=SupervisionPolicy, description="how groups are supervised and rebuilt")
+
+
+class Runtime(abc.ABC):
+    store: StateStore
+    backend: Backend
+    port: int  # the controller API's port
+    url: str  # where routers reach the controller API
+    router_url: str  # where clients reach the router
+
+    @abc.abstractmethod
+    def ensure_router(self) -> None:
+        """Make sure a router watches this controller (called at start and on every reconcile pass)."""
+
+    @abc.abstractmethod
+    def router_pid(self) -> int | None:
+        """The router process on this machine, if the runtime runs one."""
+
+    @abc.abstractmethod
+    def adopt(self, manager: GroupManager) -> None:
+        """At start: take over the running members of desired groups, stop those of groups nobody wants."""
+
+    @abc.abstractmethod
+    def stop_leftovers(self) -> int:
+        """After every group was stopped (`tideflow down`): stop whatever is still running; returns how many."""
+
+
+def make_runtime(config: ControllerConfig) -> Runtime:
+    if config.backend == "kubernetes":
+        from engine.control.k8s_runtime import KubernetesRuntime
+
+        return KubernetesRuntime(config)
+    from engine.control.local_runtime import LocalRuntime
+
+    return LocalRuntime(config)
