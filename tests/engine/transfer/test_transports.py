@@ -83,7 +83,7 @@ def test_tcp_stall_times_out_within_bound():
         t0 = time.monotonic()
         with pytest.raises(KVTransferError, match="timed out after 0.5s"):
             make_receiver("tcp").fetch(desc, timeout_s=0.5)
-        assert time.monotonic() - t0 < 2.0
+        assert time.monotonic() - t0 < 4.0  # well before the 5 s stall ends: the timeout, not the stall, ended it
     finally:
         tx.close()
 
