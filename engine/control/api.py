@@ -11,6 +11,7 @@ from typing import Annotated, Callable
 from fastapi import APIRouter, Depends, FastAPI, Path, Query
 
 from engine.control.controller import ControlError, Controller
+from engine.control.routes import NotPublished
 from engine.control.models import (ApplyGroup, AutoscalerBody, AutoscalerView, CanaryRecord, FleetStatus,
                                    GroupView, Killed, KillMember, ParkBody, ScalePool, Seconds, WeightsBody)
 from engine.control.store import Event
@@ -108,7 +109,10 @@ def create_control_app(controller: Controller, on_down: Callable[[], None]) -> F
     def routes(after: Annotated[int, Query(ge=0)] = 0,
                wait_s: Annotated[float, Query(ge=0, le=60)] = 0.0) -> RouteSet:
         """Long poll: answers once the route set's revision differs from `after`, or after `wait_s`."""
-        return controller.routes.watch(after, wait_s)
+        try:
+            return controller.routes.watch(after, wait_s)
+        except NotPublished as exc:
+            raise APIError(503, str(exc)) from None
 
     @app.post("/v1/routes/report", dependencies=[Depends(router_auth)])
     def report(body: RouterReport) -> dict:

@@ -63,6 +63,7 @@ class Controller:
         self.autoscalers: dict[str, tuple[Autoscaler, SetObserver]] = {}
         self.manager: GroupManager | None = None
         self._thread = threading.Thread(target=self._loop, name="reconcile", daemon=True)
+        self._adopted: list[str] = []  # groups taken over at start: routes are published once they settle
 
     @property
     def router_url(self) -> str:
@@ -73,15 +74,30 @@ class Controller:
         self.runtime.ensure_router()
         self.manager = GroupManager(self.backend, self.routes, self.config.policy, home() / "groups",
                                     member_key=self._member_key, on_fall=self._replace)
-        self.runtime.adopt(self.manager)
+        self._adopted = self.runtime.adopt(self.manager)
         for name, body in self.store.autoscalers().items():
             self.start_autoscaler(AutoscalerBody.model_validate_json(body), record=False)
             self.store.event("autoscaler", f"resumed over pool {name}")
         self._thread.start()
         return self
 
+    def _publish_when_settled(self, timeout_s: float) -> None:
+        """Publish the route set once every adopted group has shown where it stands (Ready and registered,
+        Standby, or fallen), so the first set the routers get holds every group that was serving; until
+        then they keep theirs. Groups being rebuilt from scratch are not waited for."""
+        deadline = time.monotonic() + timeout_s
+        unsettled = (GroupState.PENDING, GroupState.STARTING)
+        waiting = [n for n in self._adopted if n in self.manager.groups]
+        while waiting and time.monotonic() < deadline and not self._stop.is_set():
+            waiting = [n for n in waiting if self.manager.groups[n].status.state in unsettled]
+            time.sleep(0.05)
+        if waiting:
+            self.store.event("adopt", f"not Ready {timeout_s:g}s after adoption, routed once they are: {', '.join(waiting)}")
+        self.routes.publish()
+
     # -- the reconcile loop ----------------------------------------------------------------------
     def _loop(self) -> None:
+        self._publish_when_settled(self.config.adopt_wait_s)
         while not self._stop.wait(self.config.reconcile_s):
             try:
                 self.reconcile()

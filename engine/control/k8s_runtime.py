@@ -38,12 +38,18 @@ class KubernetesRuntime(Runtime):
     def router_pid(self) -> int | None:
         return None
 
-    def adopt(self, manager: GroupManager) -> None:
-        """Delete the groups nobody wants any more; desired ones are re-applied by the first reconcile pass."""
+    def adopt(self, manager: GroupManager | None) -> list[str]:
+        """Delete the groups nobody wants any more; re-apply the desired ones (their running pods are left
+        as they are, and the group is Ready as soon as its pods are)."""
         desired = self.store.groups()
         for name in sorted(self.backend.running_groups() - set(desired)):
             self.backend.delete(self._handle(name))
             self.store.event("reap", f"deleted group {name}: running, but not desired")
+        if manager is None:
+            return []
+        for want in desired.values():
+            manager.up(want.spec, standby=want.standby, weight=want.weight)
+        return sorted(desired)
 
     def stop_leftovers(self) -> int:
         names = sorted(self.backend.running_groups())

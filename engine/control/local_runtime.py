@@ -72,7 +72,8 @@ class LocalRuntime(Runtime):
     def router_pid(self) -> int | None:
         return self.router.pid if self.router is not None else None
 
-    def adopt(self, manager: GroupManager) -> None:
+    def adopt(self, manager: GroupManager) -> list[str]:
+        adopted = []
         desired = self.store.groups()
         by_group: dict[str, list[list[MemberRecord]]] = defaultdict(list)
         for recs in _by_handle(self.store.members()).values():
@@ -91,7 +92,9 @@ class LocalRuntime(Runtime):
                 self.store.event("adopt", f"group {name}: {exc}; rebuilding it whole")
                 continue
             manager.up(want.spec, standby=want.standby, weight=want.weight, adopted=handle)
+            adopted.append(name)
             self.store.event("adopt", f"group {name}: adopted {len(keep)} running members")
+        return adopted
 
     def stop_leftovers(self) -> int:
         stopped = _stop_leftovers(self.store)

@@ -19,6 +19,10 @@ from engine.router.sync import RouteSet, RouterReport
 REPLICA_TTL_S = 3.0  # a replica that has not reported for this long is taken for gone
 
 
+class NotPublished(Exception):
+    """The controller is still adopting what runs: a router must keep the route set it has."""
+
+
 class RouteTable:
     def __init__(self) -> None:
         self._regs: dict[str, GroupRegistration] = {}
@@ -27,6 +31,7 @@ class RouteTable:
         self.revision = 0
         self._cond = threading.Condition()
         self._closed = False
+        self._published = False  # until the controller has adopted what runs, an empty set would be a lie
 
     # -- what the GroupManager calls ------------------------------------------------------------------
     def register(self, name: str, version: str, endpoints: list[Endpoint], weight: float = 1.0) -> None:
@@ -68,10 +73,25 @@ class RouteTable:
         self._cond.notify_all()
 
     # -- what the routers call --------------------------------------------------------------------------
+    def publish(self) -> None:
+        """From now on watches answer: the controller has re-adopted (and re-registered) what runs."""
+        with self._cond:
+            self._published = True
+            self._cond.notify_all()
+
     def watch(self, after: int, wait_s: float) -> RouteSet:
-        """The route set once its revision differs from `after` (at once for a new replica), or after `wait_s`."""
+        """The route set once its revision differs from `after` (at once for a new replica), or after `wait_s`.
+        Raises NotPublished while a (re)started controller is still adopting: a restarted controller's
+        empty table must never empty the routers that kept serving while it was away."""
         deadline = time.monotonic() + wait_s
         with self._cond:
+            while not self._published and not self._closed:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise NotPublished("the controller is adopting the running groups; keep your route set")
+                self._cond.wait(left)
+            if self._closed:
+                raise NotPublished("the controller is stopping; keep your route set")
             while self.revision == after and not self._closed:
                 left = deadline - time.monotonic()
                 if left <= 0:

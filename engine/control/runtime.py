@@ -38,6 +38,8 @@ class ControllerConfig(BaseModel):
                            description=f"kubernetes: namespace of the groups and the state ConfigMap (also ${NAMESPACE_ENV})")
     image: str = Field("tideflow:latest", description="kubernetes: image of the group members")
     reconcile_s: float = Field(0.5, gt=0, description="seconds between two reconcile passes")
+    adopt_wait_s: float = Field(30.0, ge=0, description="at start, how long adopted groups may take to show Ready "
+                                                         "before routers get the route set")
     policy: SupervisionPolicy = Field(default_factory=SupervisionPolicy, description="how groups are supervised and rebuilt")
 
 
@@ -57,8 +59,9 @@ class Runtime(abc.ABC):
         """The router process on this machine, if the runtime runs one."""
 
     @abc.abstractmethod
-    def adopt(self, manager: GroupManager) -> None:
-        """At start: take over the running members of desired groups, stop those of groups nobody wants."""
+    def adopt(self, manager: GroupManager) -> list[str]:
+        """At start: take over the running members of desired groups, stop those of groups nobody wants.
+        Returns the groups taken over (running members that should be Ready again at once)."""
 
     @abc.abstractmethod
     def stop_leftovers(self) -> int:

@@ -48,10 +48,6 @@ class KubernetesBackend(Backend):
         self._uids: dict[MemberKey, str] = {}
         self._recreated: dict[MemberKey, int] = {}
 
-    @classmethod
-    def from_kubeconfig(cls, namespace: str = "default", image: str = DEFAULT_IMAGE, context: str | None = None) -> "KubernetesBackend":
-        return cls(api_client(context), namespace=namespace, image=image)
-
     def running_groups(self) -> set[str]:
         """Names of every group that has a LeaderWorkerSet in the namespace (what a restarted controller finds)."""
         return {o["metadata"]["labels"][GROUP_LABEL] for o in self._list(LWS_API_VERSION, "LeaderWorkerSet",

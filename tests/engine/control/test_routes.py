@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from engine.control.routes import RouteTable
+from engine.control.routes import NotPublished, RouteTable
 from engine.router.admin import RouterAdminError
 from engine.router.registry import Endpoint, GroupRegistration, Registry
 from engine.router.sync import GroupLoad, RouterReport
@@ -21,6 +21,7 @@ def report(replica: str, revision: int, inflight: int) -> RouterReport:
 
 def test_a_new_watcher_gets_the_set_at_once_and_a_waiting_one_on_the_next_change():
     table = RouteTable()
+    table.publish()
     table.register("a", "v1", EP, 1.0)
     first = table.watch(after=0, wait_s=5)
     assert first.revision == 1 and [g.name for g in first.groups] == ["a"]
@@ -57,13 +58,23 @@ def test_weights_for_a_group_that_is_not_routed_are_refused():
 
 def test_close_ends_every_watch():
     table = RouteTable()
-    done = []
-    waiter = threading.Thread(target=lambda: done.append(table.watch(after=0, wait_s=30)))
+    table.publish()
+    ended = []
+
+    def wait() -> None:
+        try:
+            ended.append(table.watch(after=0, wait_s=30).revision)  # the set as it stands: still true
+        except NotPublished as exc:
+            ended.append(str(exc))
+
+    waiter = threading.Thread(target=wait)
     waiter.start()
     time.sleep(0.1)
     table.close()
     waiter.join(timeout=5)
-    assert done and not waiter.is_alive()
+    assert not waiter.is_alive() and ended == [0]
+    with pytest.raises(NotPublished, match="stopping"):  # a watch after close: the router keeps its set
+        table.watch(after=0, wait_s=30)
 
 
 def test_registry_replace_keeps_health_of_unchanged_groups_and_drops_the_rest():
@@ -77,3 +88,13 @@ def test_registry_replace_keeps_health_of_unchanged_groups_and_drops_the_rest():
     assert kept.reg.weight == 0.5 and kept.endpoints[0].healthy is False
     registry.replace([GroupRegistration(name="a", version="v2", endpoints=EP)])
     assert registry.get("a").endpoints[0].healthy is True  # a new version is a new group
+
+
+def test_a_restarted_controller_answers_no_route_set_until_it_has_adopted():
+    """Its table starts empty: answering with it would empty every router that kept serving meanwhile."""
+    table = RouteTable()
+    with pytest.raises(NotPublished):
+        table.watch(after=57, wait_s=0.1)
+    table.register("a", "v1", EP)
+    table.publish()
+    assert [g.name for g in table.watch(after=57, wait_s=0.1).groups] == ["a"]
