@@ -53,12 +53,17 @@ def test_measures_the_known_ttft_tpot_and_itl(known_server, endpoint):
     (step,) = report.steps
     assert step.sent == 15 and step.ok == 15 and step.output_tokens == 150
     ttft, tpot = KNOWN.ttft_s * 1000, KNOWN.tpot_s * 1000
-    # Lower bounds are hard (the server sleeps that long); upper bounds leave room for a busy shared machine.
-    assert 0.95 * ttft <= step.ttft_p50 <= ttft + 60
-    assert 0.95 * tpot <= step.tpot_p50 <= 1.5 * tpot + 5
-    assert 0.9 * tpot <= step.itl_p50 <= 1.5 * tpot + 5
-    assert step.e2e_p50 == pytest.approx(step.ttft_p50 + 9 * step.tpot_p50, rel=0.05)
+    # Lower bounds are hard (the server sleeps that long); upper bounds leave room for a busy shared machine
+    # (two test suites at once on two cores) yet stay below what a mix-up would give (TTFT taken as
+    # end to end is ~280 ms).
+    assert 0.95 * ttft <= step.ttft_p50 <= 2 * ttft + 50
+    assert 0.95 * tpot <= step.tpot_p50 <= 2 * tpot + 10
+    assert 0.9 * tpot <= step.itl_p50 <= 2 * tpot + 10
     assert all(r.output_tokens == 10 and len(r.itl_gaps_ms) == 9 for r in report.requests)
+    # End to end is first chunk + every gap + the closing events: never less, and (median) not much more.
+    # Per request, not medians of different requests, which a busy machine makes disagree.
+    tails = [r.e2e_ms - r.ttft_ms - sum(r.itl_gaps_ms) for r in report.requests]
+    assert min(tails) >= -1e-6 and sorted(tails)[len(tails) // 2] < 0.2 * step.e2e_p50, tails
 
 
 def test_every_failure_is_counted_with_its_reason(known_server, tmp_path):
