@@ -17,7 +17,8 @@ import time
 from engine.control.models import (ApplyGroup, AutoscalerBody, AutoscalerView, CanaryRecord, FleetStatus, GroupView,
                                    Killed, KillMember, MemberView, ScalePool)
 from engine.control.routes import RouteTable
-from engine.control.runtime import ControllerConfig, Runtime, make_runtime
+from engine.control.local_runtime import LocalRuntime
+from engine.control.runtime import ControllerConfig, Runtime
 from engine.control.store import DesiredGroup
 from engine.group.backend import BackendError
 from engine.group.manager import GroupManager, GroupState, ManagedGroup
@@ -372,6 +373,14 @@ class Controller:
                     t.join(timeout=drain_s + 30)
                 self.runtime.stop_leftovers()
                 self.store.event("down", "every group and the router stopped")
+
+
+def make_runtime(config: ControllerConfig) -> Runtime:
+    if config.backend == "kubernetes":
+        from engine.control.k8s_runtime import KubernetesRuntime  # the kubernetes client only where it is used
+
+        return KubernetesRuntime(config)
+    return LocalRuntime(config)
 
 
 class _LockedPool:

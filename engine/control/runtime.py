@@ -67,12 +67,3 @@ class Runtime(abc.ABC):
     def stop_leftovers(self) -> int:
         """After every group was stopped (`tideflow down`): stop whatever is still running; returns how many."""
 
-
-def make_runtime(config: ControllerConfig) -> Runtime:
-    if config.backend == "kubernetes":
-        from engine.control.k8s_runtime import KubernetesRuntime
-
-        return KubernetesRuntime(config)
-    from engine.control.local_runtime import LocalRuntime
-
-    return LocalRuntime(config)
