@@ -16,6 +16,7 @@ from typing import Callable, Protocol
 
 from pydantic import BaseModel, Field
 
+from engine.errors import TideflowError
 from engine.group.backend import Backend, BackendError, GroupHandle, MemberStatus, Phase
 from engine.group.spec import InferenceGroup
 from engine.router.registry import Endpoint
@@ -254,9 +255,7 @@ class ManagedGroup:
             deadline = t0 + drain_s
             self._event(GroupState.DRAINING, "parking: weight 0, waiting for in-flight requests")
             if self.router is not None:
-                self.router.set_weights({self.spec.name: 0.0})
-                while self.router.inflight(self.spec.name) and time.monotonic() < deadline:
-                    time.sleep(0.02)
+                self._drain(deadline)
                 self._unregister()
             if self.switch is not None:
                 try:
@@ -269,6 +268,17 @@ class ManagedGroup:
             took = time.monotonic() - t0
             self._event(GroupState.STANDBY, f"parked: loaded and warm, KV released ({took:.2f}s)")
             return took
+
+    def _drain(self, deadline: float) -> None:
+        """Weight 0, then wait until `deadline` for the router's in-flight requests to end. A group that fell
+        meanwhile is out of routing already (the router refuses its weight): nothing is left to wait for."""
+        try:
+            self.router.set_weights({self.spec.name: 0.0})
+        except TideflowError as exc:
+            log.info("group %s: not routed any more, nothing to drain (%s)", self.spec.name, exc)
+            return
+        while self.router.inflight(self.spec.name) and time.monotonic() < deadline:
+            time.sleep(0.02)
 
     def _match_members(self, handle: GroupHandle) -> str | None:
         """Members started silent (or serving) while `standby` was flipped since: switch them to match."""
@@ -290,10 +300,7 @@ class ManagedGroup:
         """Stop new traffic, wait for in-flight requests (bounded), then stop every member."""
         if self.router is not None and self.status.state == GroupState.READY:
             self._event(GroupState.DRAINING, "weight 0, waiting for in-flight requests")
-            self.router.set_weights({self.spec.name: 0.0})
-            deadline = time.monotonic() + drain_s
-            while self.router.inflight(self.spec.name) and time.monotonic() < deadline:
-                time.sleep(0.05)
+            self._drain(time.monotonic() + drain_s)
         self._stop.set()
         self._thread.join(timeout=drain_s + 30)
         self._event(GroupState.STOPPED, "all members stopped")
