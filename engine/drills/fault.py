@@ -1,4 +1,4 @@
-"""Fault drills: under load, kill a member (SIGKILL) and prove the group is rebuilt whole.
+"""Fault drills: under load, kill a member (SIGKILL, or a pod deleted at once) and prove the group is rebuilt.
 
 Each repeat: open-loop load runs against the router; the controller kills one member of the chosen
 role (the drill needs no pid or process of its own, so it runs from any flow process); we measure
@@ -40,7 +40,7 @@ class FaultDrillSpec(BaseModel):
 
 class FaultRun(BaseModel):
     repeat: int
-    killed: str = Field(description="role/instance/rank and pid of the killed member")
+    killed: str = Field(description="role/instance/rank of the killed member and what it was (pid N or pod NAME UID)")
     eject_s: float | None = Field(description="kill -> the router no longer routes to the group")
     recover_s: float | None = Field(description="kill -> the group is rebuilt: Ready again, or Standby in the pool "
                                                 "when a warm standby took its place")
