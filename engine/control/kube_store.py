@@ -81,6 +81,13 @@ class KubeStore:
                 else:
                     self._data[key] = value
 
+    def _remove(self, key: str) -> bool:
+        """Drop `key`; False when it was not there (nothing is written then)."""
+        known = key in self._data
+        if known:
+            self._write({key: None})
+        return known
+
     def _prefixed(self, prefix: str) -> dict[str, str]:
         with self._lock:
             return {k[len(prefix):]: v for k, v in sorted(self._data.items()) if k.startswith(prefix)}
@@ -90,10 +97,7 @@ class KubeStore:
         self._write({f"group.{desired.spec.name}": desired.model_dump_json()})
 
     def delete_group(self, name: str) -> bool:
-        known = f"group.{name}" in self._data
-        if known:
-            self._write({f"group.{name}": None})
-        return known
+        return self._remove(f"group.{name}")
 
     def groups(self) -> dict[str, DesiredGroup]:
         return {name: DesiredGroup.model_validate_json(v) for name, v in self._prefixed("group.").items()}
@@ -103,10 +107,7 @@ class KubeStore:
         self._write({f"autoscaler.{name}": body_json})
 
     def delete_autoscaler(self, name: str) -> bool:
-        known = f"autoscaler.{name}" in self._data
-        if known:
-            self._write({f"autoscaler.{name}": None})
-        return known
+        return self._remove(f"autoscaler.{name}")
 
     def autoscalers(self) -> dict[str, str]:
         return self._prefixed("autoscaler.")
