@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from engine.model.decoder import MoEForCausalLM
 from engine.model_runner import ModelRunner, SeqStep
-from engine.sampling import SamplingParams, make_generator, sample
+from engine.sampling import SamplingParams, resolve_seed, sample
 from engine.stop import find_stop, finish_reason
 from engine.tokenizer import Tokenizer
 
@@ -52,7 +52,7 @@ def generate(
         tables.append(list(range(first, first + n)))
         first += n
     eos = tuple(set(model.config.eos_ids) | set(tokenizer.eos_ids if tokenizer else ()))
-    gens = [make_generator(p) for p in plist]
+    seeds = [resolve_seed(p) for p in plist]
     outs = [Completion(prompt_tokens=list(p)) for p in prompts]
     stats = stats if stats is not None else GenerationStats()
 
@@ -61,7 +61,8 @@ def generate(
     stats.prefill_s += time.perf_counter() - t0
     active = list(range(len(prompts)))
     while active:
-        tokens = sample(logits, [plist[i] for i in active], [gens[i] for i in active])
+        tokens = sample(logits, [plist[i] for i in active], [seeds[i] for i in active],
+                        [len(outs[i].tokens) for i in active])
         still = []
         for i, tok in zip(active, tokens):
             if tok is None:

@@ -27,8 +27,9 @@ from engine.kv_cache import BlockAllocator, OutOfBlocks, import_blocks, num_bloc
 from engine.model.decoder import MoEForCausalLM
 from engine.model.loader import load_model
 from engine.model_runner import ModelRunner, SeqStep
-from engine.pd import Handoff, HandoffResult, decode_generator, encode_generator, export_kv
-from engine.sampling import SamplingParams, make_generator, sample
+from engine.pd import Handoff, HandoffResult, export_kv
+from engine.resume import Resume
+from engine.sampling import SamplingParams, resolve_seed, sample
 from engine.scheduler import Scheduler, StepPlan
 from engine.sequence import Sequence, SeqStatus
 from engine.server.metrics import ServingMetrics
@@ -98,6 +99,7 @@ class RequestOutput:
     cached_tokens: int
     error: str | None = None
     handoff: HandoffResult | None = None
+    seed: int | None = None  # what the request draws from: another worker resuming it draws the same
 
     @property
     def finished(self) -> bool:
@@ -217,8 +219,9 @@ class LLMEngine:
         self.ready = True
 
     # ---- submission (any thread) -------------------------------------------------------------
-    def check(self, prompt_tokens: list[int], params: SamplingParams) -> None:
-        """Raise PromptTooLong if the request cannot fit the context or the KV cache."""
+    def check(self, prompt_tokens: list[int], params: SamplingParams, resume: Resume | None = None) -> None:
+        """Raise PromptTooLong if the request cannot fit the context or the KV cache, or (resumed) if
+        nothing is left to generate."""
         if not prompt_tokens:
             raise PromptTooLong("the prompt is empty")
         total = len(prompt_tokens) + params.max_tokens
@@ -227,38 +230,50 @@ class LLMEngine:
                 f"prompt ({len(prompt_tokens)} tokens) + max_tokens ({params.max_tokens}) = {total} exceeds "
                 f"the model's context of {self.max_model_len} tokens; shorten the prompt or lower max_tokens"
             )
+        if resume is not None and len(resume.output_token_ids) >= params.max_tokens:
+            raise PromptTooLong(f"the resumed request already holds {len(resume.output_token_ids)} of its "
+                                f"{params.max_tokens} tokens: nothing is left to generate")
 
     def submit(self, prompt_tokens: list[int], params: SamplingParams, sink: Sink, request_id: str | None = None,
-               handoff: Handoff | None = None, images: SplicedPrompt | None = None) -> str:
+               handoff: Handoff | None = None, images: SplicedPrompt | None = None, resume: Resume | None = None) -> str:
         """Queue a request. With `handoff`, the engine stops after the first token and exports the
         prompt's KV for a decode worker (the prefill role). `images` carries the embeddings of a
-        prompt with images (engine.encoder.prompt.spliced_prompt of the same token ids)."""
-        self.check(prompt_tokens, params)
+        prompt with images (engine.encoder.prompt.spliced_prompt of the same token ids). `resume`
+        continues a request another worker streamed part of (its tokens are recomputed, not resent)."""
+        self.check(prompt_tokens, params, resume)
         request_id = request_id or f"req-{next(self._ids)}"
-        seq = Sequence(request_id, list(prompt_tokens), params, make_generator(params), handoff=handoff)
-        return self._enqueue(self._new_request(seq, sink, images))
+        seq = Sequence(request_id, list(prompt_tokens), params, _seed(params, resume), handoff=handoff)
+        return self._enqueue(self._new_request(seq, sink, images, resume))
 
     def submit_prefilled(self, prompt_tokens: list[int], params: SamplingParams, prefilled: HandoffResult,
                          kv: memoryview, on_imported: Callable[[], None], sink: Sink, request_id: str | None = None,
-                         images: SplicedPrompt | None = None) -> str:
+                         images: SplicedPrompt | None = None, resume: Resume | None = None) -> str:
         """Continue a sequence another engine prefilled (the decode role): its KV bytes are
         imported into fresh blocks and generation resumes from the first token. `images` keeps a
-        recompute after preemption (and the prefix cache's block names) right for prompts with images."""
-        self.check(prompt_tokens, params)
+        recompute after preemption (and the prefix cache's block names) right for prompts with images.
+        With `resume`, the prefill covered prompt + the resumed tokens, and so does the KV."""
+        self.check(prompt_tokens, params, resume)
         request_id = request_id or f"req-{next(self._ids)}"
-        seq = Sequence(request_id, list(prompt_tokens), params, decode_generator(prefilled.generator_state))
+        seq = Sequence(request_id, list(prompt_tokens), params, prefilled.seed)
         seq.num_cached_prompt = prefilled.num_cached_tokens
-        req = self._new_request(seq, sink, images)
+        req = self._new_request(seq, sink, images, resume)
         req.imported = _Import(prefilled.first_token, kv, on_imported)
         return self._enqueue(req)
 
-    def _new_request(self, seq: Sequence, sink: Sink, images: SplicedPrompt | None = None) -> _Request:
+    def _new_request(self, seq: Sequence, sink: Sink, images: SplicedPrompt | None = None,
+                     resume: Resume | None = None) -> _Request:
         holdback = max((len(s) for s in seq.params.stop), default=1) - 1
         if images is not None and images.images:
             seq.block_extras = block_extras(images.images, self.config.block_size)
         else:
             images = None
-        return _Request(seq, sink, IncrementalDecoder(self.tokenizer), holdback, spliced=images)
+        req = _Request(seq, sink, IncrementalDecoder(self.tokenizer), holdback, spliced=images)
+        if resume is not None:
+            seq.output_tokens = list(resume.output_token_ids)
+            for tok in seq.output_tokens:
+                req.decoder.push(tok)
+            req.sent_chars = min(resume.sent_chars, len(req.decoder.text))
+        return req
 
     def _enqueue(self, req: _Request) -> str:
         with self._submit_lock:
@@ -269,18 +284,19 @@ class LLMEngine:
         return req.seq.request_id
 
     def stream(self, prompt_tokens: list[int], params: SamplingParams, request_id: str | None = None,
-               handoff: Handoff | None = None, images: SplicedPrompt | None = None) -> RequestStream:
+               handoff: Handoff | None = None, images: SplicedPrompt | None = None,
+               resume: Resume | None = None) -> RequestStream:
         """Submit from a coroutine; iterate the returned stream with `async for`."""
         stream = RequestStream(asyncio.get_running_loop())
-        stream.request_id = self.submit(prompt_tokens, params, stream.put, request_id, handoff, images)
+        stream.request_id = self.submit(prompt_tokens, params, stream.put, request_id, handoff, images, resume)
         return stream
 
     def stream_prefilled(self, prompt_tokens: list[int], params: SamplingParams, prefilled: HandoffResult,
                          kv: memoryview, on_imported: Callable[[], None],
-                         images: SplicedPrompt | None = None) -> RequestStream:
+                         images: SplicedPrompt | None = None, resume: Resume | None = None) -> RequestStream:
         stream = RequestStream(asyncio.get_running_loop())
         stream.request_id = self.submit_prefilled(prompt_tokens, params, prefilled, kv, on_imported, stream.put,
-                                                  images=images)
+                                                  images=images, resume=resume)
         return stream
 
     def abort(self, request_id: str) -> None:
@@ -387,7 +403,7 @@ class LLMEngine:
             imp.on_imported()
             return True
         try:
-            blocks = self.allocator.allocate_blocks(self.allocator.blocks_for(len(seq.prompt_tokens)))
+            blocks = self.allocator.allocate_blocks(self.allocator.blocks_for(seq.num_tokens))
         except OutOfBlocks:
             if self.scheduler.running:
                 return False  # blocks free up as running sequences finish
@@ -398,7 +414,7 @@ class LLMEngine:
             import_blocks(self.runner.kv_cache, blocks, imp.kv)
         finally:
             imp.on_imported()
-        seq.block_table, seq.num_computed = blocks, len(seq.prompt_tokens)
+        seq.block_table, seq.num_computed = blocks, seq.num_tokens
         seq.status, seq.admitted = SeqStatus.RUNNING, True
         self.allocator.commit(seq)
         self.scheduler.running.append(seq)
@@ -409,15 +425,14 @@ class LLMEngine:
     def _hand_off(self, req: _Request, tok: int, now: float) -> None:
         """Prefill role: export the prompt's blocks, report the first token, finish here."""
         seq = req.seq
-        blocks = seq.block_table[: self.allocator.blocks_for(len(seq.prompt_tokens))]
+        blocks = seq.block_table[: self.allocator.blocks_for(seq.num_tokens)]  # prompt (+ resumed tokens)
         try:
             desc = export_kv(self.runner.kv_cache, blocks, seq.handoff)
         except Exception as exc:
             self.scheduler.abort(seq.request_id)
             self._fail(req, f"KV export failed: {exc}")
             return
-        result = HandoffResult(first_token=tok, descriptor=desc, generator_state=encode_generator(seq.generator),
-                               num_cached_tokens=seq.num_cached_prompt)
+        result = HandoffResult(first_token=tok, descriptor=desc, seed=seq.seed, num_cached_tokens=seq.num_cached_prompt)
         self.metrics.ttft.observe(now - seq.arrival)
         self.scheduler.finish(seq, "handoff")
         del self._requests[seq.request_id]
@@ -437,7 +452,8 @@ class LLMEngine:
             rows = [i for i, item in enumerate(plan.batch) if item.completes]
             if len(rows) != len(plan.batch):
                 logits = logits[rows]
-            tokens = sample(logits, [i.seq.params for i in done], [i.seq.generator for i in done])
+            tokens = sample(logits, [i.seq.params for i in done], [i.seq.seed for i in done],
+                            [len(i.seq.output_tokens) for i in done])
         except Exception as exc:  # a failed step fails its requests with the reason, never silently
             log.exception("engine step failed")
             for item in plan.batch:
@@ -507,7 +523,7 @@ class LLMEngine:
     def _output(self, req: _Request, tokens: list[int], text: str, reason: str | None, error: str | None = None) -> RequestOutput:
         seq = req.seq
         return RequestOutput(seq.request_id, tokens, text, reason, len(seq.prompt_tokens), len(seq.output_tokens),
-                             seq.num_cached_prompt, error)
+                             seq.num_cached_prompt, error, seed=seq.seed)
 
     def _observe(self, plan: StepPlan) -> None:
         m, stats = self.metrics, self.scheduler.prefix_stats
@@ -542,3 +558,10 @@ def _slice(seq: Sequence, start: int, n: int) -> list[int]:
     if start + n <= p:
         return seq.prompt_tokens[start : start + n]
     return seq.prompt_tokens[start:] + seq.output_tokens[: start + n - p]
+
+
+def _seed(params: SamplingParams, resume: Resume | None) -> int | None:
+    """A resumed request keeps drawing from its first worker's seed; a new one resolves its own."""
+    if resume is not None and resume.seed is not None:
+        return resume.seed
+    return resolve_seed(params)

@@ -3,21 +3,20 @@
 The prefill engine computes the prompt, samples the first token, exports the prompt's KV blocks
 into the transport's staging buffer and finishes the sequence (its blocks stay in the prefix
 cache). The decode engine imports those bytes into fresh blocks and continues from the first
-token, with the sampler's generator state carried over so seeded sampling is unchanged.
+token, with the request's seed carried over so seeded sampling is unchanged.
 """
 
 from __future__ import annotations
 
-import base64
 import uuid
 from dataclasses import dataclass
 
-import torch
 from pydantic import BaseModel, Field
 
 from engine.encoder.prompt import PromptImage
 from engine.kv_cache import export_into, kv_nbytes
 from engine.model.paged import KVCache
+from engine.resume import Resume
 from engine.transfer import KVSender, TransferDescriptor
 
 
@@ -34,7 +33,8 @@ class HandoffResult(BaseModel):
 
     first_token: int
     descriptor: TransferDescriptor
-    generator_state: str | None = Field(None, description="base64 torch.Generator state after the first token")
+    seed: int | None = Field(None, ge=-(2**63), lt=2**64,
+                             description="what the request samples from (engine.sampling.step_generator); None = greedy")
     num_cached_tokens: int = Field(0, ge=0, description="prompt tokens prefill found in its prefix cache")
 
 
@@ -42,6 +42,7 @@ class PrefillRequest(BaseModel):
     prompt_token_ids: list[int] = Field(min_length=1)
     request: dict = Field(description="the client's OpenAI request body (sampling fields)")
     images: list[PromptImage] = Field(default_factory=list, description="encoder output placed in the prompt")
+    resume: Resume | None = Field(None, description="a migrated request: prefill covers prompt + these tokens")
 
 
 class DecodeRequest(HandoffResult):
@@ -49,6 +50,7 @@ class DecodeRequest(HandoffResult):
     request: dict
     prompt_token_ids: list[int] = Field(min_length=1)
     images: list[PromptImage] = Field(default_factory=list, description="encoder output placed in the prompt")
+    resume: Resume | None = Field(None, description="a migrated request: what its client already received")
 
 
 def new_transfer_id() -> str:
@@ -66,15 +68,3 @@ def export_kv(kv_cache: KVCache, block_ids: list[int], handoff: Handoff) -> Tran
         raise
     view.release()
     return handoff.sender.commit(handoff.transfer_id)
-
-
-def encode_generator(gen: torch.Generator | None) -> str | None:
-    return None if gen is None else base64.b64encode(gen.get_state().numpy().tobytes()).decode()
-
-
-def decode_generator(state: str | None) -> torch.Generator | None:
-    if state is None:
-        return None
-    gen = torch.Generator()
-    gen.set_state(torch.frombuffer(bytearray(base64.b64decode(state)), dtype=torch.uint8))
-    return gen

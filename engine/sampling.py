@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
+import secrets
+
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -29,25 +32,39 @@ def is_greedy(params: SamplingParams) -> bool:
     return params.temperature < GREEDY_BELOW
 
 
-def make_generator(params: SamplingParams) -> torch.Generator | None:
+def resolve_seed(params: SamplingParams) -> int | None:
+    """The seed a sampled request draws from: its own, or a fresh one; None for greedy requests."""
     if is_greedy(params):
         return None
+    return params.seed if params.seed is not None else secrets.randbits(63)
+
+
+def step_generator(seed: int, step: int) -> torch.Generator:
+    """The generator that draws output token number `step` of a request seeded with `seed`.
+
+    Keyed by (seed, step) rather than carried along: any worker can draw token `step` without the
+    state of the worker that drew the ones before. A decode worker continuing a prefill, or a worker
+    taking over a request whose worker died, samples what the first worker would have.
+    """
+    digest = hashlib.blake2b(f"{seed}:{step}".encode(), digest_size=8).digest()
     gen = torch.Generator()
-    gen.manual_seed(params.seed if params.seed is not None else int(torch.randint(0, 2**62, (1,))))
+    gen.manual_seed(int.from_bytes(digest, "little"))
     return gen
 
 
-def sample(logits: torch.Tensor, params: list[SamplingParams],
-           generators: list[torch.Generator | None]) -> list[int | None]:
+def sample(logits: torch.Tensor, params: list[SamplingParams], seeds: list[int | None],
+           steps: list[int]) -> list[int | None]:
     """One token per row of fp32 `logits` [B, vocab]; None for a row with no valid distribution (its
-    logits are not finite), so that request fails alone and the rest of the batch goes on."""
+    logits are not finite), so that request fails alone and the rest of the batch goes on.
+    `seeds[i]` (from resolve_seed) and `steps[i]` (tokens row i generated so far) pick its draw."""
     greedy = logits.argmax(dim=-1).tolist()
     out: list[int | None] = []
-    for row, p, gen, g in zip(logits, params, generators, greedy):
+    for row, p, seed, step, g in zip(logits, params, seeds, steps, greedy):
         if is_greedy(p):
             out.append(g if bool(torch.isfinite(row[g])) else None)
             continue
         probs = _distribution(row.cpu(), p)
+        gen = step_generator(seed, step)
         out.append(int(torch.multinomial(probs, 1, generator=gen)) if probs is not None else None)
     return out
 

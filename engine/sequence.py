@@ -6,8 +6,6 @@ import enum
 import time
 from dataclasses import dataclass, field
 
-import torch
-
 from engine.sampling import SamplingParams
 
 
@@ -28,7 +26,7 @@ class Sequence:
     request_id: str
     prompt_tokens: list[int]
     params: SamplingParams
-    generator: torch.Generator | None = None
+    seed: int | None = None  # engine.sampling.resolve_seed: None for greedy requests
     arrival: float = field(default_factory=time.monotonic)
     output_tokens: list[int] = field(default_factory=list)
     status: SeqStatus = SeqStatus.WAITING

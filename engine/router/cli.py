@@ -16,6 +16,10 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--rate-limit-rps", type=float, default=None, help="requests/s per API key")
     p.add_argument("--request-timeout-s", type=float, default=300.0)
     p.add_argument("--max-attempts", type=int, default=3)
+    p.add_argument("--migration-limit", type=int, default=3,
+                   help="times a request may move to another worker after its upstream broke mid-answer (0 = off)")
+    p.add_argument("--route-wait-s", type=float, default=5.0,
+                   help="how long a request waits for a routable group when none is (a standby activating); 503 after")
     p.add_argument("--health-interval-s", type=float, default=0.5)
     p.add_argument("--member-network", action="append", default=None, metavar="CIDR",
                    help="accept member endpoints only in this network (repeatable; default: any host)")
@@ -38,7 +42,9 @@ def _run(args: argparse.Namespace) -> int:
 
     config = RouterConfig(host=args.host, port=args.port, model_name=args.model_name, model_dir=args.model_dir,
                           rate_limit_rps=args.rate_limit_rps, request_timeout_s=args.request_timeout_s,
-                          max_attempts=args.max_attempts, health_interval_s=args.health_interval_s,
+                          max_attempts=args.max_attempts, migration_limit=args.migration_limit,
+                          route_wait_s=args.route_wait_s,
+                          health_interval_s=args.health_interval_s,
                           max_body_bytes=args.max_body_bytes, member_networks=args.member_network,
                           controller_url=args.controller_url, advertise=args.advertise)
     app = create_router_app(config, load_api_keys(args.api_key_file), keys_from_env(ADMIN_KEYS_ENV),

@@ -17,6 +17,12 @@ class RouterConfig(BaseModel):
     connect_timeout_s: float = Field(5.0, gt=0, description="upstream connect deadline")
     first_token_timeout_s: float = Field(120.0, gt=0, description="deadline for an upstream's first byte")
     max_attempts: int = Field(3, ge=1, le=10, description="tries of a stage that failed before any token was sent")
+    migration_limit: int = Field(
+        3, ge=0, le=10, description="times one request may move to another worker after its upstream broke "
+                                    "mid-answer (0 = off: the client gets an error event)")
+    route_wait_s: float = Field(
+        5.0, ge=0, description="how long a request (new or migrating) waits for a routable group when none is, "
+                               "e.g. while a standby activates after a fall; 503 after")
     health_interval_s: float = Field(0.5, gt=0, description="period of the /ready probes")
     eject_after: int = Field(2, ge=1, description="failed probes before an endpoint is ejected")
     readmit_after: int = Field(2, ge=1, description="passed probes before an ejected endpoint is re-admitted")

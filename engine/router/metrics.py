@@ -22,6 +22,9 @@ class RouterMetrics:
                               LABELS, buckets=LATENCY_BUCKETS, registry=r)
         self._tokens = Counter("tideflow_router_output_tokens_total", "tokens relayed to clients", LABELS, registry=r)
         self._retries = Counter("tideflow_router_retries_total", "stage retries before any token was sent", LABELS, registry=r)
+        self._migrations = Counter("tideflow_router_migrations_total",
+                                   "requests moved to another worker mid-answer, by the group they left and why",
+                                   (*LABELS, "reason"), registry=r)
         self.unrouted = Counter("tideflow_router_unrouted_total", "requests no group could serve", registry=r)
         self.rate_limited = Counter("tideflow_router_rate_limited_total", "requests refused by the per-key limiter", registry=r)
         self.group_weight = Gauge("tideflow_router_group_weight", "traffic weight per group", LABELS, registry=r)
@@ -32,6 +35,9 @@ class RouterMetrics:
 
     def retries(self, group):
         return self._retries.labels(group.reg.name, group.reg.version)
+
+    def migrations(self, group, reason: str):
+        return self._migrations.labels(group.reg.name, group.reg.version, reason)
 
     def observe(self, group, status: str, meter) -> None:
         labels = (group.reg.name, group.reg.version)

@@ -1,11 +1,16 @@
-"""One client request through the group set: pick a group, run its stages, relay the stream.
+"""One client request through the group set: pick a group, run its stages, relay the stream, migrate it.
 
 Colocated groups get the client's request as it came. Disaggregated groups run the stages
 themselves: prefill (prefix-affinity LB) computes the KV cache and the first token, decode
 (KV-aware LB) pulls that KV and streams the rest. A stage that fails before any byte reached
-the client is retried elsewhere (bounded); after that, the client gets an error event. Chat
-requests with images, in groups with an encoder role, first get their embeddings from the
-encoder LB; prefill and decode receive them with the prompt.
+the client is retried elsewhere (bounded). Chat requests with images, in groups with an encoder
+role, first get their embeddings from the encoder LB; prefill and decode receive them with the prompt.
+
+Every upstream is streamed with token ids traced (engine.router.migration.StreamRecord). When it
+breaks after the client got part of its answer (connection lost, member killed, error event, early
+end), the request migrates: another group, or another member of the same one, recomputes prompt +
+the tokens already sent and goes on from there, up to `migration_limit` times per request. Streaming
+and non-streaming clients alike see one unbroken answer.
 """
 
 from __future__ import annotations
@@ -20,13 +25,18 @@ import httpx
 from fastapi.responses import Response, StreamingResponse
 
 from engine.kv_cache import block_hash
+from engine.resume import TRACE_HEADER
 from engine.router.balancer import DecodeBalancer, LeastQueuedBalancer, PrefillBalancer
 from engine.router.config import RouterConfig
 from engine.router.health import HealthMonitor
 from engine.router.images import ImagePrompts
 from engine.router.metrics import RouterMetrics
+from engine.router.migration import StreamRecord, UpstreamBroke
 from engine.router.registry import EndpointState, GroupState, Registry
 from engine.server.errors import error_response
+
+
+ROUTE_POLL_S = 0.02  # how often a request waiting for a routable group looks again
 
 
 class UpstreamFailed(Exception):
@@ -39,6 +49,14 @@ class UpstreamRejected(Exception):
     def __init__(self, status: int, body: bytes) -> None:
         super().__init__(status)
         self.status, self.body = status, body
+
+
+class StreamLost(Exception):
+    """The answer cannot be completed: the client gets this as an error (event or response)."""
+
+    def __init__(self, status: str, detail: str) -> None:
+        super().__init__(detail)
+        self.status = status
 
 
 @dataclass
@@ -66,62 +84,101 @@ class Proxy:
     async def serve(self, api: str, body: dict, raw: bytes) -> Response:
         t0 = time.monotonic()
         deadline = t0 + self.config.request_timeout_s
-        stream = bool(body.get("stream"))
-        tried: set[str] = set()
+        record = StreamRecord(api, body, t0)
+        record.image_urls = self.images.urls(api, body, raw) if self.images is not None else []
+        upstream = {**body, "stream": True, "stream_options": {"include_usage": True}}
+        try:
+            group, opened = await self._open_any(api, upstream, record, deadline, set())
+        except UpstreamRejected as exc:
+            return Response(exc.body, status_code=exc.status, media_type="application/json")
+        except UpstreamFailed as exc:
+            self.metrics.unrouted.inc()
+            return error_response(503, f"request failed on every try: {exc}", code="upstream_unavailable")
+        events = self._relay(group, opened, api, upstream, record, deadline)
+        if record.client_stream:
+            return StreamingResponse(_sse(events, record), media_type="text/event-stream")
+        try:
+            async for _ in events:
+                pass
+        except StreamLost as exc:
+            return error_response(504 if exc.status == "timeout" else 502, str(exc), code=f"upstream_{exc.status}")
+        finally:
+            await events.aclose()  # a client gone mid-answer: the upstream is closed and the counts released
+        return Response(record.answer(), media_type="application/json")
+
+    async def _open_any(self, api: str, upstream: dict, record: StreamRecord, deadline: float,
+                        tried: set[str]) -> tuple[GroupState, Opened]:
+        """Open the request (or, once started, its resumption) on a group not in `tried` (any group if
+        none is left), bounded by max_attempts; the group's in-flight count is taken for the caller.
+        While no group is routable (a standby activating after a fall), it waits up to route_wait_s."""
         last = "no group is ready to serve"
-        for attempt in range(self.config.max_attempts):
+        wait_until = min(deadline, time.monotonic() + self.config.route_wait_s)
+        attempt = 0
+        while attempt < self.config.max_attempts:
             group = self.registry.choose(exclude=tried) or (self.registry.choose() if tried else None)
             if group is None:
-                break
+                if time.monotonic() >= wait_until:
+                    break
+                await asyncio.sleep(ROUTE_POLL_S)
+                continue
             tried.add(group.reg.name)
             if attempt:
                 self.metrics.retries(group).inc()
+            attempt += 1
             group.inflight += 1
             try:
-                opened = await self._open(group, api, body, raw, stream, deadline)
+                return group, await self._open(group, api, upstream, record, deadline)
             except UpstreamFailed as exc:
                 group.inflight -= 1
                 last = str(exc)
-                continue
-            except UpstreamRejected as exc:
+            except UpstreamRejected:
                 group.inflight -= 1
                 self.metrics.requests(group, "rejected").inc()
-                return Response(exc.body, status_code=exc.status, media_type="application/json")
+                raise
             except BaseException:
                 group.inflight -= 1
                 raise
-            if stream:
-                return StreamingResponse(self._relay(group, opened, t0, deadline), media_type="text/event-stream")
-            return self._finish_json(group, opened, t0)
-        self.metrics.unrouted.inc()
-        return error_response(503, f"request failed on every try: {last}", code="upstream_unavailable")
+        raise UpstreamFailed(last)
 
-    async def _open(self, group: GroupState, api: str, body: dict, raw: bytes, stream: bool, deadline: float) -> Opened:
+    async def _open(self, group: GroupState, api: str, upstream: dict, record: StreamRecord, deadline: float) -> Opened:
+        resume = record.resume().model_dump() if record.started else None
         if not group.disaggregated:
             target = self.colocated_lb.choose(group.by_role("colocated") or _fail("no healthy colocated member"))
-            return await self._post(target, f"/v1/{api}", raw, stream, deadline)
-        urls = self.images.urls(api, body, raw) if self.images is not None else []
+            if resume is None:
+                return await self._post(target, f"/v1/{api}", json.dumps(upstream).encode(), True, deadline)
+            content = {"api": api, "request": upstream, "prompt_token_ids": record.prompt_ids, "resume": resume}
+            return await self._post(target, "/internal/resume", json.dumps(content).encode(), True, deadline)
+        if record.prompt_ids is None:
+            record.prompt_ids, record.images, record.extras = await self._prompt(group, api, upstream, record.image_urls,
+                                                                                 deadline)
+        prompt, images = record.prompt_ids, record.images
+        hashes = _block_hashes(prompt, self.config.block_size, record.extras)
+        prefill = await self._prefill(group, prompt, upstream, hashes, deadline, images, resume)
+        decode_body = json.dumps({"api": api, "request": upstream, "prompt_token_ids": prompt, "images": images,
+                                  "resume": resume, **prefill}).encode()
+        target = self.decode_lb.choose(group.by_role("decode") or _fail("no healthy decode member"))
+        return await self._post(target, "/internal/decode", decode_body, True, deadline)
+
+    async def _prompt(self, group: GroupState, api: str, body: dict, urls: list[str],
+                      deadline: float) -> tuple[list[int], list[dict], dict]:
+        """Prompt token ids of a disaggregated request, with the encoder's images placed in it."""
         if urls and any(e.endpoint.role == "encoder" for e in group.endpoints):
             encoded = await self._encode(group, urls, deadline)
             prompt, placed, extras = self.images.prompt(body, encoded, self.config.block_size)
-            images = [p.model_dump() for p in placed]
-        else:  # text only; images without an encoder role are refused by prepare_prompt
-            prompt, images, extras = self.prepare_prompt(api, body), [], {}
-        hashes = _block_hashes(prompt, self.config.block_size, extras)
-        prefill = await self._prefill(group, prompt, body, hashes, deadline, images)
-        decode_body = json.dumps({"api": api, "request": body, "prompt_token_ids": prompt, "images": images,
-                                  **prefill}).encode()
-        target = self.decode_lb.choose(group.by_role("decode") or _fail("no healthy decode member"))
-        return await self._post(target, "/internal/decode", decode_body, stream, deadline)
+            return prompt, [p.model_dump() for p in placed], extras
+        # text only; images without an encoder role are refused by prepare_prompt
+        return self.prepare_prompt(api, body), [], {}
 
     async def _encode(self, group: GroupState, urls: list[str], deadline: float) -> list[dict]:
         """Bounded retries across the group's encoders (fewest queued images first); their embeddings."""
         last = "no healthy encoder member"
         content = json.dumps({"images": urls}).encode()
-        for _ in range(self.config.max_attempts):
+        for attempt in range(self.config.max_attempts):
             candidates = group.by_role("encoder")
             if not candidates:
                 break
+            if attempt:
+                self.metrics.retries(group).inc()
             target = self.encoder_lb.choose(candidates)
             try:
                 opened = await self._post(target, "/internal/encode", content, False, deadline)
@@ -132,18 +189,21 @@ class Proxy:
         raise UpstreamFailed(last)
 
     async def _prefill(self, group: GroupState, prompt: list[int], body: dict, hashes: list[int], deadline: float,
-                       images: list[dict]) -> dict:
+                       images: list[dict], resume: dict | None) -> dict:
         """Bounded retries across the group's prefill instances; returns the handover for decode."""
         last = "no healthy prefill member"
-        for _ in range(self.config.max_attempts):
+        for attempt in range(self.config.max_attempts):
             candidates = group.by_role("prefill")
             if not candidates:
                 break
+            if attempt:
+                self.metrics.retries(group).inc()
             target = self.prefill_lb.choose(candidates, hashes)
             target.queued_prefill_tokens += len(prompt)
             try:
                 opened = await self._post(target, "/internal/prefill",
-                                          json.dumps({"prompt_token_ids": prompt, "request": body, "images": images}).encode(),
+                                          json.dumps({"prompt_token_ids": prompt, "request": body, "images": images,
+                                                      "resume": resume}).encode(),
                                           False, deadline)
             except UpstreamFailed as exc:
                 last = str(exc)
@@ -164,7 +224,7 @@ class Proxy:
         handed_over = False
         try:
             request = self.client.build_request("POST", url, content=content, timeout=timeout,
-                                                headers={**self.headers, "content-type": "application/json"})
+                                                headers={**self.headers, "content-type": "application/json", TRACE_HEADER: "1"})
             try:
                 response = await self.client.send(request, stream=True)
             except httpx.TimeoutException:
@@ -212,84 +272,77 @@ class Proxy:
                     raise UpstreamFailed(f"upstream error before the first token: {line[5:].strip()[:300]}")
                 return lines
 
-    async def _relay(self, group: GroupState, opened: Opened, t0: float, deadline: float) -> AsyncIterator[str]:
-        meter = StreamMeter(t0)
-        status = "error"
+    async def _relay(self, group: GroupState, opened: Opened, api: str, upstream: dict, record: StreamRecord,
+                     deadline: float) -> AsyncIterator[str]:
+        """The client's events (JSON text), across as many upstreams as migration needs; raises StreamLost
+        when the answer cannot be completed. Owns `group`'s and the endpoints' in-flight counts."""
+        status, migrations = "error", 0
+        current: Opened | None = opened
         try:
-            for line in opened.head:
-                meter.see(line)
-                yield line + "\n"
-            iterator = opened.response.extensions["tideflow_lines"]
             async with asyncio.timeout(max(0.1, deadline - time.monotonic())):
-                async for line in iterator:
-                    meter.see(line)
-                    yield line + "\n"
-            status = "error" if meter.errored else "ok"
-        except (httpx.HTTPError, TimeoutError, asyncio.TimeoutError) as exc:
-            status = "timeout" if isinstance(exc, (TimeoutError, asyncio.TimeoutError)) else "error"
-            why = "request deadline passed" if status == "timeout" else f"upstream failed mid-stream: {exc.__class__.__name__}"
-            yield f'data: {json.dumps({"error": {"message": why, "type": "server_error", "code": status}})}\n\n'
+                while True:
+                    try:
+                        async for line in _lines(current):
+                            event = record.take(line)
+                            if event is not None:
+                                yield event
+                        if not record.done:
+                            raise UpstreamBroke("truncated", "the upstream stream ended before the request finished")
+                        status = "ok"
+                        return
+                    except (httpx.HTTPError, UpstreamBroke) as exc:
+                        reason = (exc.reason if isinstance(exc, UpstreamBroke)
+                                  else "stall" if isinstance(exc, httpx.TimeoutException) else "disconnect")
+                        why = str(exc) if isinstance(exc, UpstreamBroke) else f"upstream failed mid-stream: {exc.__class__.__name__}"
+                    await self._close(current)
+                    current = None
+                    if record.finish_reason is not None:  # every token is in; only the stream's tail was lost
+                        status = "ok"
+                        return
+                    if migrations >= self.config.migration_limit or not record.resumable:
+                        raise StreamLost("error", why)
+                    migrations += 1
+                    self.metrics.migrations(group, reason).inc()
+                    group.inflight -= 1
+                    try:
+                        group, current = await self._open_any(api, upstream, record, deadline, {group.reg.name})
+                    except (UpstreamFailed, UpstreamRejected) as exc:
+                        group.inflight += 1  # released in `finally`, as if this group still held the request
+                        raise StreamLost("error", f"{why}; migrating it failed: {exc}") from None
+        except TimeoutError:
+            status = "timeout"
+            raise StreamLost("timeout", "request deadline passed") from None
         finally:
-            await opened.response.aclose()
-            for e in opened.endpoints:
-                e.inflight -= 1
+            if current is not None:
+                await self._close(current)
             group.inflight -= 1
-            self.metrics.observe(group, status, meter)
+            self.metrics.observe(group, status, record)
 
-    def _finish_json(self, group: GroupState, opened: Opened, t0: float) -> Response:
-        group.inflight -= 1
-        meter = StreamMeter(t0)
-        try:
-            meter.tokens = int(json.loads(opened.body)["usage"]["completion_tokens"])
-        except (ValueError, KeyError, TypeError):
-            pass
-        meter.end = time.monotonic()
-        self.metrics.observe(group, "ok", meter)
-        return Response(opened.body, media_type="application/json")
+    @staticmethod
+    async def _close(opened: Opened) -> None:
+        await opened.response.aclose()
+        for e in opened.endpoints:
+            e.inflight -= 1
 
 
-class StreamMeter:
-    """TTFT, TPOT and token count as seen by the client, from the SSE events relayed."""
+async def _lines(opened: Opened) -> AsyncIterator[str]:
+    """The buffered head, then the rest of the upstream's lines."""
+    for line in opened.head:
+        yield line
+    async for line in opened.response.extensions["tideflow_lines"]:
+        yield line
 
-    def __init__(self, t0: float) -> None:
-        self.t0 = t0
-        self.first: float | None = None
-        self.end: float | None = None
-        self.tokens = 0
-        self.errored = False
 
-    def see(self, line: str) -> None:
-        if not line.startswith("data:"):
-            return
-        payload = line[5:].strip()
-        now = time.monotonic()
-        self.end = now
-        if payload == "[DONE]":
-            return
-        try:
-            event = json.loads(payload)
-        except ValueError:
-            return
-        if "error" in event:
-            self.errored = True
-            return
-        for choice in event.get("choices") or ():
-            text = choice.get("text") or (choice.get("delta") or {}).get("content")
-            if text:
-                self.tokens += 1
-                self.first = self.first or now
-        if event.get("usage"):
-            self.tokens = max(self.tokens, int(event["usage"].get("completion_tokens", 0)))
-
-    @property
-    def ttft(self) -> float | None:
-        return None if self.first is None else self.first - self.t0
-
-    @property
-    def tpot(self) -> float | None:
-        if self.first is None or self.end is None or self.tokens < 2:
-            return None
-        return (self.end - self.first) / (self.tokens - 1)
+async def _sse(events: AsyncIterator[str], record: StreamRecord) -> AsyncIterator[str]:
+    """Server-sent events for a streaming client; a lost answer ends with an error event."""
+    try:
+        async for event in events:
+            yield f"data: {event}\n\n"
+        for event in record.tail():
+            yield f"data: {event}\n\n"
+    except StreamLost as exc:
+        yield f'data: {json.dumps({"error": {"message": str(exc), "type": "server_error", "code": exc.status}})}\n\n'
+    yield "data: [DONE]\n\n"
 
 
 def _block_hashes(tokens: list[int], block_size: int, extras: dict[int, bytes] | None = None) -> list[int]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import threading
 from contextlib import asynccontextmanager
@@ -18,8 +19,9 @@ from engine.server.admin_routes import admin_routes
 from engine.server.auth import BearerAuth, publish_openapi
 from engine.server.errors import APIError, error_response, install_error_handlers
 from engine.server.limits import DEFAULT_MAX_BODY_BYTES, BodyLimit
+from engine.resume import TRACE_FIELD, TRACE_HEADER, ResumeRequest
 from engine.server.pd_routes import pd_routes
-from engine.server.requests import prepare
+from engine.server.requests import check_model, check_token_ids, params_for, parse_body, prepare
 from engine.transfer import TransportKind
 from engine.server.protocol import (
     ChatChoice, ChatCompletionChunk, ChatCompletionRequest, ChatCompletionResponse, ChatDelta, ChatMessageOut,
@@ -92,7 +94,7 @@ def create_app(engine: LLMEngine, model_name: str, api_keys: list[str] | None = 
     async def models() -> ModelList:
         return ModelList(data=[ModelCard(id=model_name)])
 
-    async def respond_completion(body: CompletionRequest, request: Request, stream: RequestStream):
+    async def respond_completion(body: CompletionRequest, request: Request, stream: RequestStream, prompt: list[int]):
         rid = new_id("cmpl")
         if body.stream:
             def chunk(out: RequestOutput) -> str:
@@ -103,12 +105,12 @@ def create_app(engine: LLMEngine, model_name: str, api_keys: list[str] | None = 
                 return CompletionResponse(id=rid, model=model_name, choices=[],
                                           usage=usage(out.prompt_tokens, out.completion_tokens)).model_dump_json()
 
-            return _sse(engine, stream, None, chunk, last if body.include_usage else None)
+            return _sse(engine, stream, None, chunk, last if body.include_usage else None, _trace(request, prompt))
         text, out = await _collect(engine, stream, request)
         return CompletionResponse(id=rid, model=model_name, choices=[CompletionChoice(text=text, finish_reason=_reason(out))],
                                   usage=usage(out.prompt_tokens, out.completion_tokens))
 
-    async def respond_chat(body: ChatCompletionRequest, request: Request, stream: RequestStream):
+    async def respond_chat(body: ChatCompletionRequest, request: Request, stream: RequestStream, prompt: list[int]):
         rid = new_id("chatcmpl")
         if body.stream:
             def make(delta: ChatDelta, reason: str | None) -> str:
@@ -123,7 +125,7 @@ def create_app(engine: LLMEngine, model_name: str, api_keys: list[str] | None = 
                                            usage=usage(out.prompt_tokens, out.completion_tokens)).model_dump_json()
 
             return _sse(engine, stream, make(ChatDelta(role="assistant", content=""), None), chunk,
-                        last if body.include_usage else None)
+                        last if body.include_usage else None, _trace(request, prompt))
         text, out = await _collect(engine, stream, request)
         return ChatCompletionResponse(
             id=rid, model=model_name, usage=usage(out.prompt_tokens, out.completion_tokens),
@@ -134,13 +136,25 @@ def create_app(engine: LLMEngine, model_name: str, api_keys: list[str] | None = 
     async def completions(body: CompletionRequest, request: Request):
         prompt, params = await asyncio.to_thread(prepare, engine, model_name, body)  # tokenizing: off the event loop
         faults.check()
-        return await respond_completion(body, request, faults.slow(engine.stream(prompt, params)))
+        return await respond_completion(body, request, faults.slow(engine.stream(prompt, params)), prompt)
 
     @served.post("/v1/chat/completions")
     async def chat(body: ChatCompletionRequest, request: Request):
         prompt, params = await asyncio.to_thread(prepare, engine, model_name, body)
         faults.check()
-        return await respond_chat(body, request, faults.slow(engine.stream(prompt, params)))
+        return await respond_chat(body, request, faults.slow(engine.stream(prompt, params)), prompt)
+
+    @served.post("/internal/resume")
+    async def resume(body: ResumeRequest, request: Request):
+        """A request whose worker failed mid-stream, continued here (the router migrates it)."""
+        parsed = parse_body(body.api, body.request)
+        check_model(parsed.model, model_name)
+        check_token_ids(body.prompt_token_ids + body.resume.output_token_ids, engine.model.config.vocab_size)
+        params = params_for(parsed, len(body.prompt_token_ids), engine.max_model_len)
+        faults.check()
+        stream = faults.slow(engine.stream(body.prompt_token_ids, params, resume=body.resume))
+        respond = respond_chat if body.api == "chat/completions" else respond_completion
+        return await respond(parsed, request, stream, body.prompt_token_ids)
 
     if transport is not None:
         served.include_router(pd_routes(engine, model_name, transport, respond_completion, respond_chat, host))
@@ -189,22 +203,47 @@ async def _abort_on_disconnect(engine: LLMEngine, request_id: str, request: Requ
             return
 
 
-def _sse(engine: LLMEngine, stream: RequestStream, first: str | None, chunk, last) -> StreamingResponse:
-    """Server-sent events: one chunk per output with text; closing the stream cancels the request."""
+def _trace(request: Request, prompt: list[int]) -> list[int] | None:
+    """The prompt's token ids when the caller (the router) asked for token ids in the stream."""
+    return prompt if request.headers.get(TRACE_HEADER) == "1" else None
+
+
+def _traced(data: str, trace: dict) -> str:
+    """`data` (a JSON object) with the trace field added: the router reads and strips it."""
+    return f'{data[:-1]},"{TRACE_FIELD}":{json.dumps(trace, separators=(",", ":"))}}}'
+
+
+def _sse(engine: LLMEngine, stream: RequestStream, first: str | None, chunk, last,
+         trace_prompt: list[int] | None = None) -> StreamingResponse:
+    """Server-sent events: one chunk per output with text; closing the stream cancels the request.
+    With `trace_prompt`, every output is sent (text or not) carrying its token ids, so the router can
+    resume the request elsewhere; the first event also carries the prompt's token ids."""
+    traced = trace_prompt is not None
 
     async def events() -> AsyncIterator[str]:
         finished = False
+        pending_prompt = trace_prompt
         try:
             if first is not None:
-                yield f"data: {first}\n\n"
+                if traced:
+                    first_event, pending_prompt = _traced(first, {"prompt_token_ids": trace_prompt}), None
+                else:
+                    first_event = first
+                yield f"data: {first_event}\n\n"
             async for out in stream:
                 if out.error is not None:
                     error = ErrorResponse(error=ErrorDetail(message=out.error, type="server_error", code="engine_error"))
                     yield f"data: {error.model_dump_json()}\n\n"
                     finished = True
                     break
-                if out.text or out.finished:
-                    yield f"data: {chunk(out)}\n\n"
+                if out.text or out.finished or (traced and out.token_ids):
+                    data = chunk(out)
+                    if traced:
+                        trace = {"token_ids": out.token_ids, "seed": out.seed}
+                        if pending_prompt is not None:
+                            trace["prompt_token_ids"], pending_prompt = pending_prompt, None
+                        data = _traced(data, trace)
+                    yield f"data: {data}\n\n"
                 if out.finished:
                     finished = True
                     if last is not None:
@@ -215,4 +254,3 @@ def _sse(engine: LLMEngine, stream: RequestStream, first: str | None, chunk, las
                 engine.abort(stream.request_id)
 
     return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-

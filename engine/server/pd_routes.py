@@ -42,10 +42,10 @@ def pd_routes(engine: LLMEngine, model_name: str, transport: TransportKind, resp
     async def prefill(body: PrefillRequest) -> HandoffResult:
         parsed = parse_body("chat/completions" if "messages" in body.request else "completions", body.request)
         check_model(parsed.model, model_name)
-        check_token_ids(body.prompt_token_ids, engine.model.config.vocab_size)
+        check_token_ids(body.prompt_token_ids + _resumed(body), engine.model.config.vocab_size)
         params = params_for(parsed, len(body.prompt_token_ids), engine.max_model_len)
         handoff = Handoff(sender, new_transfer_id())
-        stream = engine.stream(body.prompt_token_ids, params, handoff=handoff, images=spliced(body))
+        stream = engine.stream(body.prompt_token_ids, params, handoff=handoff, images=spliced(body), resume=body.resume)
         async for out in stream:
             if out.error is not None:
                 raise APIError(500, out.error, code="engine_error")
@@ -57,6 +57,7 @@ def pd_routes(engine: LLMEngine, model_name: str, transport: TransportKind, resp
     async def decode(body: DecodeRequest, request: Request):
         parsed = parse_body(body.api, body.request)
         check_model(parsed.model, model_name)
+        check_token_ids(body.prompt_token_ids + _resumed(body), engine.model.config.vocab_size)
         params = params_for(parsed, len(body.prompt_token_ids), engine.max_model_len)
         images = spliced(body)
         try:
@@ -68,8 +69,12 @@ def pd_routes(engine: LLMEngine, model_name: str, transport: TransportKind, resp
             kv.release()
             receiver.release(body.descriptor)
 
-        stream = engine.stream_prefilled(body.prompt_token_ids, params, body, kv, release, images)
+        stream = engine.stream_prefilled(body.prompt_token_ids, params, body, kv, release, images, body.resume)
         respond = respond_chat if body.api == "chat/completions" else respond_completion
-        return await respond(parsed, request, stream)
+        return await respond(parsed, request, stream, body.prompt_token_ids)
 
     return routes
+
+
+def _resumed(body: PrefillRequest | DecodeRequest) -> list[int]:
+    return [] if body.resume is None else body.resume.output_token_ids

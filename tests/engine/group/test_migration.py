@@ -1,0 +1,168 @@
+"""Request migration, the way users run it: router and members are separate processes, clients use the
+official openai client, and a member is SIGKILLed while streams are half-way through. Every request must
+complete with exactly the answer of an undisturbed run of the same requests (greedy and seeded), with
+usage right, and no client error; the router's migration counter proves requests did move."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+
+import httpx
+import openai
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from engine.group.manager import GroupState
+from tests.engine.group.conftest import group_spec
+
+N = 14
+MAX_TOKENS = 96
+
+
+def request_args(i: int) -> tuple[str, dict]:
+    """Request i of the workload: completions or chat, streamed or not, greedy or seeded."""
+    api = "chat" if i % 4 in (2, 3) else "completions"
+    args: dict = dict(model="default", max_tokens=MAX_TOKENS, extra_body={"ignore_eos": True})
+    args["temperature"] = 0.8 if i % 5 == 4 else 0
+    if i % 5 == 4:
+        args["seed"] = 1000 + i
+    if i % 2:
+        args.update(stream=True, stream_options={"include_usage": True})
+    text = ("the pipeline " * (1 + i % 5)) + f"moves request {i}"
+    if api == "chat":
+        args["messages"] = [{"role": "user", "content": text}]
+    else:
+        args["prompt"] = text
+    return api, args
+
+
+async def one(client: openai.AsyncOpenAI, i: int, progress: list[int]) -> tuple[str, int, str | None]:
+    """(text, completion tokens, finish reason) of request i; `progress[i]` counts the chunks seen so far."""
+    api, args = request_args(i)
+    create = client.chat.completions.create if api == "chat" else client.completions.create
+    if not args.get("stream"):
+        out = await create(**args)
+        progress[i] = -1
+        c = out.choices[0]
+        return (c.message.content if api == "chat" else c.text), out.usage.completion_tokens, c.finish_reason
+    parts, used, reason = [], None, None
+    async for chunk in await create(**args):
+        if chunk.usage is not None:
+            used = chunk.usage.completion_tokens
+        for c in chunk.choices:
+            parts.append((c.delta.content or "") if api == "chat" else c.text)
+            reason = c.finish_reason or reason
+        progress[i] += 1
+    return "".join(parts), used, reason
+
+
+async def workload(url: str, key: str, when_streaming=None, chunks: int = 3) -> list:
+    """All N requests at once; `when_streaming()` runs once every streamed request got `chunks` chunks."""
+    client = openai.AsyncOpenAI(base_url=url + "/v1", api_key=key, max_retries=0, timeout=120)
+    progress = [0] * N
+    try:
+        tasks = [asyncio.create_task(one(client, i, progress)) for i in range(N)]
+        if when_streaming is not None:
+            streamed = [i for i in range(N) if request_args(i)[1].get("stream")]
+            t0 = time.monotonic()
+            while not all(progress[i] >= chunks for i in streamed):
+                assert time.monotonic() - t0 < 60, f"streams did not start: {progress}"
+                await asyncio.sleep(0.005)
+            await asyncio.to_thread(when_streaming)
+        return await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 240)
+    finally:
+        await client.close()
+
+
+def migrations(url: str, key: str) -> dict[str, float]:
+    """tideflow_router_migrations_total by reason, read from the router's /metrics."""
+    text = httpx.get(url + "/metrics", headers={"authorization": f"Bearer {key}"}, trust_env=False, timeout=10).text
+    by_reason: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        if family.name == "tideflow_router_migrations":
+            for s in family.samples:
+                if s.name.endswith("_total"):
+                    by_reason[s.labels["reason"]] = by_reason.get(s.labels["reason"], 0) + s.value
+    return by_reason
+
+
+def ready(*groups) -> None:
+    for g in groups:
+        assert g.wait_for({GroupState.READY, GroupState.FAILED}, 120) == GroupState.READY, g.status.events
+
+
+def kill_busiest(groupset, groups: dict, role: str) -> tuple[str, int]:
+    """SIGKILL the `role` member of the group holding the most in-flight requests (name, requests it held)."""
+    held = {g["name"]: g["inflight"] for g in groupset.admin.groups() if g["name"] in groups}
+    name = max(held, key=held.get)
+    pid = next(pid for m, pid in groupset.backend.pids(groups[name].status.handle).items() if m.role == role)
+    os.kill(pid, signal.SIGKILL)
+    return name, held[name]
+
+
+@pytest.fixture(scope="module")
+def undisturbed(groupset, tiny_model_dir):
+    """The workload's answers from two colocated groups with nothing killed: what every run must equal."""
+    a = groupset.up(group_spec("mig-a", tiny_model_dir, colocated=True))
+    b = groupset.up(group_spec("mig-b", tiny_model_dir, colocated=True))
+    ready(a, b)
+    answers = asyncio.run(workload(groupset.url, groupset.client_key))
+    assert not [x for x in answers if isinstance(x, BaseException)], answers
+    assert all(used == MAX_TOKENS and reason == "length" for _, used, reason in answers)
+    return {"mig-a": a, "mig-b": b}, answers
+
+
+def check(answers: list, want: list) -> None:
+    errors = [(i, a) for i, a in enumerate(answers) if isinstance(a, BaseException)]
+    assert not errors, f"client errors: {errors}"
+    for i, (got, expected) in enumerate(zip(answers, want)):
+        assert got == expected, f"request {i} ({request_args(i)[0]}, stream={bool(request_args(i)[1].get('stream'))})"
+
+
+def test_sigkill_a_colocated_member_mid_stream_loses_nothing(groupset, undisturbed):
+    groups, want = undisturbed
+    before = sum(migrations(groupset.url, groupset.client_key).values())
+    hit: list = []
+    answers = asyncio.run(workload(groupset.url, groupset.client_key,
+                                   lambda: hit.append(kill_busiest(groupset, groups, "colocated"))))
+    check(answers, want)
+    moved = sum(migrations(groupset.url, groupset.client_key).values()) - before
+    (name, held), = hit
+    assert held >= 1 and moved >= 1, f"nothing migrated: {name} held {held} requests at the kill"
+    print(f"\nSIGKILL {name} holding {held} requests: {moved:.0f} migrated, {N} of {N} answers exact")
+    ready(groups[name])  # rebuilt whole by its supervisor before the next test
+
+
+@pytest.mark.parametrize("role,chunks", [("decode", 3), ("prefill", 0), ("prefill", 3)],
+                         ids=["decode", "prefill-before-handoff", "prefill-after-handoff"])
+def test_sigkill_a_pd_member_mid_stream_loses_nothing(groupset, undisturbed, tiny_model_dir, role, chunks):
+    """Decode killed: its streams resume through prefill + decode of another group (or its rebuild).
+    Prefill killed as the requests arrive (chunks=0: the kill lands while prompts are being prefilled):
+    they are retried on the other prefill instance, nothing having reached the client; killed later,
+    the streams past their KV handoff go on from decode. Either way, the answers of the undisturbed run."""
+    groups, want = undisturbed
+    pd = groupset.up(group_spec(f"mig-pd-{role}-{chunks}", tiny_model_dir, prefill=2))
+    try:
+        ready(pd)
+        groupset.admin.set_weights({"mig-a": 0.0, "mig-b": 1.0, pd.spec.name: 3.0})
+        before = sum(migrations(groupset.url, groupset.client_key).values())
+        hit: list = []
+
+        def kill() -> None:
+            t0 = time.monotonic()
+            while groupset.admin.inflight(pd.spec.name) == 0:  # chunks=0: the requests are only arriving
+                assert time.monotonic() - t0 < 60, "no request reached the PD group"
+            hit.append(kill_busiest(groupset, {pd.spec.name: pd}, role))
+
+        answers = asyncio.run(workload(groupset.url, groupset.client_key, kill, chunks))
+        check(answers, want)
+        moved = sum(migrations(groupset.url, groupset.client_key).values()) - before
+        print(f"\nSIGKILL {role} of {pd.spec.name} holding {hit[0][1]} requests: {moved:.0f} migrated, exact answers")
+        if role == "decode":
+            assert hit[0][1] >= 1 and moved >= 1
+    finally:
+        pd.drain_and_stop(5)
+        groupset.admin.set_weights({"mig-a": 1.0, "mig-b": 1.0})
