@@ -19,7 +19,7 @@ from engine.drills.results import LoadDrillReport
 from engine.drills.spec import LoadDrillSpec
 from engine.group.spec import InferenceGroup
 from engine.paths import home
-from tasks.drills import run_fault_drill, run_load_drill
+from tasks.drills import restore_after_standby_drill, run_fault_drill, run_load_drill, start_standby_copy
 from tasks.groups import await_group_ready, start_group
 
 DRILL_KEY_ENV = "TIDEFLOW_DRILL_API_KEY"
@@ -44,6 +44,8 @@ class FaultDrillParams(BaseModel):
     duration_s: float = Field(4.0, gt=0, description="seconds of load per repeat")
     spec_file: Path = Field(Path("deployments/groups/tiny-pd.yaml"),
                             description="group to bring up for the drill when the fleet has no `group`")
+    standby: bool = Field(False, description="drill 1 group + warm pool: a silent copy of the group is brought up "
+                                             "first, takes over when the member dies, and is removed afterwards")
 
 
 def fleet_router() -> tuple[str, str]:
@@ -75,6 +77,7 @@ def fault_drill(params: FaultDrillParams = FaultDrillParams()) -> FaultDrillRepo
         start_group(spec, weight=1.0)
         await_group_ready(spec.name)
         params = params.model_copy(update={"group": spec.name})
+    warm = start_standby_copy(params.group) if params.standby else None
     try:
         url, key_env = fleet_router()
         load = LoadDrillSpec(url=url, model="default", api_key_env=key_env, rate=params.rate,
@@ -82,6 +85,8 @@ def fault_drill(params: FaultDrillParams = FaultDrillParams()) -> FaultDrillRepo
         return run_fault_drill(FaultDrillSpec(group=params.group, target=params.target, repeats=params.repeats,
                                               load=load))
     finally:
+        if warm is not None:
+            restore_after_standby_drill(params.group, warm)
         if own:
             with ControlClient.connect() as client:
                 client.delete(params.group)

@@ -57,12 +57,13 @@ def _release(args: argparse.Namespace) -> int:
         print(f"  canary: {s.canary_decision} - {s.canary_reason}")
         print(f"  serving weights: {s.serving}; traffic during the canary: {s.canary_traffic}")
         print(f"  load drill: capacity {s.load_capacity_rps} req/s, {s.load_ok}/{s.load_sent} ok")
-        print(f"  fault drill: rebuilt in {s.fault_recover_s} s, every request accounted for: {s.fault_accounted}")
+        print(f"  fault drill: rebuilt in {s.fault_recover_s} s, every request accounted for: {s.fault_accounted}, "
+              f"{s.fault_errors} errors, {s.fault_migrated} migrated, lost tokens {s.fault_lost_tokens}, "
+              f"duplicated {s.fault_duplicated_tokens}")
         print(f"  runs, artifacts and plots: `tideflow ui` (Prefect data in {os.environ['PREFECT_HOME']})")
         if args.keep_serving or started is None:
             print(f"  serving on {s.router}/v1 (`tideflow status`; `tideflow down` stops it)")
-        ok = (s.canary_decision == "promoted" and s.fault_accounted and s.load_accounted
-              and all(r is not None for r in s.fault_recover_s))
+        ok = s.canary_decision == "promoted" and s.fault_clean and s.load_accounted
         return 0 if ok or not args.ci else 1
     finally:
         if started is not None and not args.keep_serving:

@@ -44,7 +44,8 @@ class ReleaseParams(BaseModel):
     plan: CanaryPlan = Field(default_factory=embedded_plan)
     canary_traffic_rps: float = Field(8.0, gt=0, description="background requests/s while the canary runs (0 = none)")
     load: LoadDrillParams = Field(default_factory=lambda: LoadDrillParams(steps=[1.0, 2.0, 4.0], hold_s=4.0))
-    fault: FaultDrillParams = Field(default_factory=lambda: FaultDrillParams(repeats=1))
+    fault: FaultDrillParams = Field(default_factory=lambda: FaultDrillParams(repeats=1, standby=True),
+                                    description="drill of the winner; with a warm standby copy it must lose nothing")
 
 
 class ReleaseSummary(BaseModel):
@@ -61,6 +62,11 @@ class ReleaseSummary(BaseModel):
     load_accounted: bool
     fault_recover_s: list[float | None]
     fault_accounted: bool
+    fault_errors: int
+    fault_migrated: int
+    fault_lost_tokens: int
+    fault_duplicated_tokens: int
+    fault_clean: bool = Field(description="every request ok and exact, the group rebuilt whole: the release gate")
     canary_traffic: dict[str, int]
 
 
@@ -93,7 +99,9 @@ def release(params: ReleaseParams = ReleaseParams()) -> ReleaseSummary:
         canary_decision=report.decision, canary_reason=report.reason, serving=report.weights,
         load_capacity_rps=drill.capacity_rps, load_sent=drill.sent, load_ok=drill.ok, load_error=drill.error,
         load_accounted=drill.accounted,
-        fault_recover_s=[r.recover_s for r in fault.runs], fault_accounted=fault.accounted, canary_traffic=traffic)
+        fault_recover_s=[r.recover_s for r in fault.runs], fault_accounted=fault.accounted, fault_errors=fault.errors,
+        fault_migrated=fault.migrated, fault_lost_tokens=fault.lost_tokens,
+        fault_duplicated_tokens=fault.duplicated_tokens, fault_clean=fault.clean, canary_traffic=traffic)
     create_markdown_artifact(key="release-summary", markdown=_markdown(summary))
     return summary
 
@@ -122,5 +130,7 @@ def _markdown(s: ReleaseSummary) -> str:
             f"- canary: **{s.canary_decision}** ({s.canary_reason})\n- serving weights: {s.serving}\n"
             f"- traffic during the canary: {s.canary_traffic}\n"
             f"- load drill: capacity {s.load_capacity_rps} req/s, {s.load_ok}/{s.load_sent} ok\n"
-            f"- fault drill: recovered in {s.fault_recover_s} s, every request accounted for: {s.fault_accounted}\n"
+            f"- fault drill: recovered in {s.fault_recover_s} s, every request accounted for: {s.fault_accounted}, "
+            f"{s.fault_errors} errors, {s.fault_migrated} migrated, lost tokens {s.fault_lost_tokens}, "
+            f"duplicated {s.fault_duplicated_tokens}: {'clean' if s.fault_clean else '**not clean**'}\n"
             f"- router: {s.router}/v1\n")

@@ -331,7 +331,7 @@ class Controller:
         return GroupView(name=s.name, version=s.version, state=s.state, weight=g.weight, standby=g.standby,
                          restarts=s.restarts, handle=s.handle.id if s.handle else None,
                          message=s.events[-1].message if s.events else "", last_activation_s=s.last_activation_s,
-                         members=members)
+                         members=members, spec=g.spec)
 
     def status(self) -> FleetStatus:
         with self._lock:

@@ -70,6 +70,7 @@ class GroupView(BaseModel):
     message: str = Field("", description="the last event's message")
     last_activation_s: float | None = None
     members: list[MemberView] = Field(default_factory=list)
+    spec: InferenceGroup | None = Field(None, description="what runs (a flow copies it for a warm standby)")
 
 
 class CanaryRecord(BaseModel):

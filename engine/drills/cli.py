@@ -96,13 +96,7 @@ def _print_steps(report) -> None:
     cols = ["step", "offered_rate", "sent", "ok", "error", "ttft_p50", "ttft_p90", "tpot_p50", "tpot_p90",
             "output_tok_s", "req_s", "goodput_req_s", "slo_held"]
 
-    def cell(v: object) -> str:
-        return "-" if v is None else f"{v:.4g}" if isinstance(v, float) else str(v)
-
-    rows = [cols] + [[cell(getattr(s, c)) for c in cols] for s in report.steps]
-    widths = [max(len(r[i]) for r in rows) for i in range(len(cols))]
-    for row in rows:
-        print("  ".join(c.rjust(w) for c, w in zip(row, widths)))
+    _print_table([{c: getattr(s, c) for c in cols} for s in report.steps])
     for s in report.steps:
         for reason, n in s.error_reasons.items():
             print(f"  step {s.step}: {n} x {reason}")
@@ -111,9 +105,11 @@ def _print_steps(report) -> None:
 def _add_fault(kinds: argparse._SubParsersAction) -> None:
     p = kinds.add_parser("fault", help="kill one member of a group under load (through the controller), measure the rebuild",
                          description="Brings the spec's group up through the controller (one is started when none "
-                                     "answers), runs Poisson load through the router, has the controller SIGKILL one "
-                                     "member per repeat and reports ejection and recovery times; every request is "
-                                     "accounted for (sent == ok + error). The group is deleted afterwards.")
+                                     "answers), runs greedy Poisson load through the router, has the controller SIGKILL "
+                                     "one member per repeat and reports ejection and recovery times, migrated requests, "
+                                     "the longest stream pauses, and lost or duplicated tokens (the streams open at the "
+                                     "kill are replayed undisturbed and compared). Exit 0 only when nothing was lost. "
+                                     "The group is deleted afterwards.")
     p.add_argument("spec", type=Path, help="InferenceGroup spec (YAML)")
     p.add_argument("--model", type=Path, default=None, help="checkpoint dir (default: the spec's model.path)")
     p.add_argument("--target", choices=["prefill", "decode", "colocated", "encoder", "expert"], default="decode")
@@ -121,7 +117,10 @@ def _add_fault(kinds: argparse._SubParsersAction) -> None:
     p.add_argument("--rate", type=float, default=4.0, help="background load, requests/s")
     p.add_argument("--duration", type=float, default=5.0, metavar="S", help="seconds of load per repeat")
     p.add_argument("--kill-after", type=float, default=1.0, metavar="S", help="seconds of load before the kill")
-    p.add_argument("--out", type=Path, default=None, metavar="FILE.json", help="write the report here")
+    p.add_argument("--standby", action="store_true",
+                   help="drill 1 group + warm pool: a silent copy of the group takes over when the member dies")
+    p.add_argument("--out", type=Path, default=None, metavar="DIR",
+                   help="report directory: fault.json, fault.csv, fault.png (default: $TIDEFLOW_HOME/drills/fault-<UTC time>)")
     p.set_defaults(func=_fault)
 
 
@@ -132,6 +131,7 @@ def _fault(args: argparse.Namespace) -> int:
     from engine.control.client import ControlClient
     from engine.control.launch import ensure_controller, stop_controller
     from engine.drills.fault import FaultDrillSpec, run_fault_drill
+    from engine.drills.report import write_fault_report
     from engine.drills.spec import LoadDrillSpec
     from engine.group.manager import GroupState
     from engine.group.spec import InferenceGroup
@@ -139,15 +139,19 @@ def _fault(args: argparse.Namespace) -> int:
     spec = InferenceGroup.from_yaml(args.spec)
     if args.model:
         spec = spec.model_copy(update={"model": spec.model.model_copy(update={"path": str(args.model)})})
+    warm = spec.model_copy(update={"name": f"{spec.name}-warm"}) if args.standby else None
     started = ensure_controller()
     try:
         with ControlClient.connect() as client:
             client.apply(spec)
+            if warm is not None:
+                client.apply(warm, standby=True)
             try:
-                view = client.wait_for(spec.name, {GroupState.READY, GroupState.FAILED}, 600)
-                if view.state != GroupState.READY:
-                    print(f"drill fault: group {spec.name} did not come up: {view.message}", file=sys.stderr)
-                    return 1
+                for name, want in ((spec.name, GroupState.READY), *(((warm.name, GroupState.STANDBY),) if warm else ())):
+                    view = client.wait_for(name, {want, GroupState.FAILED}, 600)
+                    if view.state != want:
+                        print(f"drill fault: group {name} did not come up: {view.message}", file=sys.stderr)
+                        return 1
                 os.environ["TIDEFLOW_DRILL_KEY"] = discovery.router_key()
                 load = LoadDrillSpec(url=client.status().router_url, model="default", api_key_env="TIDEFLOW_DRILL_KEY",
                                      rate=args.rate, duration_s=args.duration, expectations_suite=None,
@@ -157,14 +161,30 @@ def _fault(args: argparse.Namespace) -> int:
                                                                 load=load), progress=print)
             finally:
                 client.delete(spec.name)
+                if warm is not None:
+                    client.delete(warm.name)
     finally:
         if started is not None:
             stop_controller(started)
+    _print_table(report.table())
     print(f"sent {report.sent} = ok {report.ok} + error {report.errors}: "
-          f"{'every request accounted for' if report.accounted else 'REQUESTS UNACCOUNTED'}")
+          f"{'every request accounted for' if report.accounted else 'REQUESTS UNACCOUNTED'}; "
+          f"{report.migrated} migrated, lost tokens {report.lost_tokens}, duplicated {report.duplicated_tokens}")
     for why, n in report.error_reasons.items():
         print(f"  {n} x {why}")
-    if args.out:
-        args.out.write_text(report.model_dump_json(indent=2))
-    ok = report.accounted and all(r.recover_s is not None and r.all_members_new for r in report.runs)
-    return 0 if ok else 1
+    out = args.out or home() / "drills" / f"fault-{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}"
+    files = write_fault_report(report, out)
+    print(f"report: {files['json']}, {files['table']}, {files['plot']}")
+    return 0 if report.clean else 1
+
+
+def _print_table(rows: list[dict]) -> None:
+    """Right-aligned columns, one line per row (floats to 4 significant digits)."""
+    if not rows:
+        return
+    cols = list(rows[0])
+    cells = [cols] + [["-" if r[c] is None else f"{r[c]:.4g}" if isinstance(r[c], float) else str(r[c]) for c in cols]
+                      for r in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(cols))]
+    for row in cells:
+        print("  ".join(v.rjust(w) for v, w in zip(row, widths)))

@@ -1,26 +1,34 @@
-"""Fault drills: under load, kill a member (SIGKILL, or a pod deleted at once) and prove the group is rebuilt.
+"""Fault drills: under load, kill a member (SIGKILL, or a pod deleted at once) and prove nothing was lost.
 
-Each repeat: open-loop load runs against the router; the controller kills one member of the chosen
-role (the drill needs no pid or process of its own, so it runs from any flow process); we measure
-how long until the router stops sending to the group (ejection) and until the controller has the
-group Ready again with every member new. Every request is accounted for: sent == ok + error, each
-error with its reason.
+Each repeat: open-loop greedy load runs against the router; the controller kills one member of the
+chosen role (the drill needs no pid or process of its own, so it runs from any flow process) and
+confirms the kill landed; we measure how long until the router stops sending to the group (ejection)
+and until the group is rebuilt with every member new. Every request is accounted for (sent == ok +
+error, sent counted by the load generator itself); the streams open at the kill are checked: their
+longest pause, how many the router migrated (its own counter), and, replayed undisturbed afterwards,
+token for token (text chunks, one per token) against what the client got: lost and duplicated tokens.
 """
 
 from __future__ import annotations
 
 import asyncio
+import difflib
+import os
 import time
+from datetime import datetime
 from typing import Callable, Literal
 
+import numpy as np
+from prometheus_client.parser import text_string_to_metric_families
 from pydantic import BaseModel, Field
 
-from engine.drills.load import run_load_drill_async
-from engine.drills.results import LoadDrillReport
+from engine.drills.load import replay, run_load_drill_async
+from engine.drills.results import LoadDrillReport, RequestRecord
 from engine.drills.spec import LoadDrillSpec
 from engine.control.client import ControlAPIError, ControlClient
 from engine.errors import TideflowError
 from engine.group.manager import GroupState
+from engine.http import bearer_client
 
 Target = Literal["prefill", "decode", "colocated", "encoder", "expert"]
 
@@ -34,7 +42,8 @@ class FaultDrillSpec(BaseModel):
     target: Target = Field("decode", description="role of the member to kill; 'expert' = a non-leader DEP rank")
     repeats: int = Field(1, ge=1, le=20, description="kill, recover, repeat")
     kill_after_s: float = Field(1.0, ge=0, description="seconds of load before the kill")
-    load: LoadDrillSpec = Field(description="background load (its url/model point at the router)")
+    load: LoadDrillSpec = Field(description="background load (its url/model point at the router); sent greedy, "
+                                            "so every answer can be replayed and compared")
     recovery_timeout_s: float = Field(180.0, gt=0, description="the group must be Ready again within this")
 
 
@@ -45,6 +54,16 @@ class FaultRun(BaseModel):
     recover_s: float | None = Field(description="kill -> the group is rebuilt: Ready again, or Standby in the pool "
                                                 "when a warm standby took its place")
     all_members_new: bool
+    kill_at_s: float = Field(description="when the kill landed, in seconds from the start of the load")
+    open_at_kill: int = Field(description="requests sent before the kill that ended after it")
+    migrated: int = Field(description="requests the router moved to another worker (its migrations counter)")
+    stream_gap_p50_ms: float | None = Field(description="median, over the streams open at the kill, of each one's "
+                                                        "longest pause between two chunks")
+    stream_gap_p99_ms: float | None = Field(description="p99 of the same")
+    checked: int = Field(description="answers of streams open at the kill replayed and compared, token by token")
+    lost_tokens: int = Field(description="tokens of the undisturbed answer missing from what the client got")
+    duplicated_tokens: int = Field(description="tokens the client got that the undisturbed answer does not have")
+    unchecked: int = Field(description="open-at-kill answers whose replay failed (cannot be compared)")
     load: LoadDrillReport
 
 
@@ -56,11 +75,29 @@ class FaultDrillReport(BaseModel):
     ok: int
     errors: int
     error_reasons: dict[str, int]
+    migrated: int = 0
+    lost_tokens: int = 0
+    duplicated_tokens: int = 0
 
     @property
     def accounted(self) -> bool:
         """Every issued request ended ok or with an error (`sent` is the load generator's own count)."""
         return self.sent == self.ok + self.errors and all(r.load.accounted for r in self.runs)
+
+    @property
+    def clean(self) -> bool:
+        """Nothing lost: every request accounted for and ok, every checked answer exact, every replay checked,
+        and the group rebuilt whole each time."""
+        return (self.accounted and self.errors == 0 and self.lost_tokens == 0 and self.duplicated_tokens == 0
+                and all(r.unchecked == 0 and r.recover_s is not None and r.all_members_new for r in self.runs))
+
+    def table(self) -> list[dict]:
+        """One row per repeat, as the CLI prints it and the flow shows it."""
+        return [{"repeat": r.repeat, "killed": r.killed, "eject_ms": _round(r.eject_s, 1000),
+                 "recover_s": _round(r.recover_s, 1), "sent": r.load.sent, "ok": r.load.ok, "error": r.load.error,
+                 "open_at_kill": r.open_at_kill, "migrated": r.migrated, "gap_p50_ms": _round(r.stream_gap_p50_ms, 1),
+                 "gap_p99_ms": _round(r.stream_gap_p99_ms, 1), "checked": r.checked, "lost_tokens": r.lost_tokens,
+                 "dup_tokens": r.duplicated_tokens} for r in self.runs]
 
 
 def run_fault_drill(client: ControlClient, spec: FaultDrillSpec,
@@ -86,30 +123,79 @@ def run_fault_drill(client: ControlClient, spec: FaultDrillSpec,
                 reasons[why] = reasons.get(why, 0) + n
     return FaultDrillReport(group=spec.group, target=spec.target, runs=runs,
                             sent=sum(r.load.sent for r in runs), ok=sum(r.load.ok for r in runs),
-                            errors=sum(r.load.error for r in runs), error_reasons=reasons)
+                            errors=sum(r.load.error for r in runs), error_reasons=reasons,
+                            migrated=sum(r.migrated for r in runs), lost_tokens=sum(r.lost_tokens for r in runs),
+                            duplicated_tokens=sum(r.duplicated_tokens for r in runs))
 
 
 async def _one(client: ControlClient, spec: FaultDrillSpec, repeat: int) -> FaultRun:
     view = client.group(spec.group)
     if not any(m.role == spec.target or (spec.target == "expert" and m.rank > 0) for m in view.members):
         raise FaultDrillError(f"the group has no {spec.target} member to kill")
-    load = asyncio.create_task(run_load_drill_async(spec.load.model_copy(update={"seed": spec.load.seed + repeat})))
+    load_spec = spec.load.model_copy(update={"seed": spec.load.seed + repeat, "temperature": 0.0})
+    migrated_before = await asyncio.to_thread(_migrations, load_spec)
+    load = asyncio.create_task(run_load_drill_async(load_spec))
     await asyncio.sleep(spec.kill_after_s)
     try:
         killed = await asyncio.to_thread(client.kill, spec.group, spec.target)
     except ControlAPIError as exc:
         load.cancel()
         raise FaultDrillError(f"could not kill a {spec.target} member of {spec.group}: {exc}") from None
-    t_kill = time.monotonic()
+    t_kill, wall_kill = time.monotonic(), time.time()
     if not killed.landed:
         load.cancel()
         raise FaultDrillError(f"the kill of {killed.member} ({killed.id}) did not land: it is still running")
     eject_s = await _until(lambda: not _routable(client, spec.group), spec.recovery_timeout_s, t_kill)
     recover_s = await _until(lambda: _rebuilt(client, spec.group, killed.before), spec.recovery_timeout_s, t_kill)
     report = await load
+    migrated = await asyncio.to_thread(_migrations, load_spec) - migrated_before
     after = {m.id for m in client.group(spec.group).members if m.id} if recover_s is not None else set()
+    kill_s = wall_kill - datetime.fromisoformat(report.started_at).timestamp()
+    at_risk = [r for r in report.requests if r.sent_s <= kill_s <= r.end_s]
+    gaps = [r.max_gap_ms for r in at_risk if r.max_gap_ms is not None]
+    answered = [r for r in at_risk if r.ok]
+    references = await replay(load_spec, answered)
+    lost = duplicated = unchecked = 0
+    for rec, reference in zip(answered, references):
+        if reference is None:
+            unchecked += 1
+            continue
+        missing, extra = token_diff(reference, rec.chunks)
+        lost, duplicated = lost + missing, duplicated + extra
     return FaultRun(repeat=repeat, killed=f"{killed.member} ({killed.id})", eject_s=eject_s, recover_s=recover_s,
-                    all_members_new=bool(after) and after.isdisjoint(killed.before), load=report)
+                    all_members_new=bool(after) and after.isdisjoint(killed.before), kill_at_s=kill_s,
+                    open_at_kill=len(at_risk),
+                    migrated=round(migrated), stream_gap_p50_ms=_pct(gaps, 50), stream_gap_p99_ms=_pct(gaps, 99),
+                    checked=len(answered) - unchecked, lost_tokens=lost, duplicated_tokens=duplicated,
+                    unchecked=unchecked, load=report)
+
+
+def token_diff(reference: list[str], got: list[str]) -> tuple[int, int]:
+    """(lost, duplicated): chunks of the undisturbed answer the client lacks, and chunks it got in excess."""
+    lost = duplicated = 0
+    for op, i1, i2, j1, j2 in difflib.SequenceMatcher(a=reference, b=got, autojunk=False).get_opcodes():
+        if op in ("delete", "replace"):
+            lost += i2 - i1
+        if op in ("insert", "replace"):
+            duplicated += j2 - j1
+    return lost, duplicated
+
+
+def _migrations(load: LoadDrillSpec) -> float:
+    """The router's tideflow_router_migrations_total, all groups and reasons (0 before any)."""
+    key = os.environ.get(load.api_key_env, "") if load.api_key_env else None
+    with bearer_client(key or None, timeout_s=10.0) as http:
+        text = http.get(load.base_url.removesuffix("/v1") + "/metrics").raise_for_status().text
+    return sum(s.value for family in text_string_to_metric_families(text)
+               if family.name == "tideflow_router_migrations" for s in family.samples if s.name.endswith("_total"))
+
+
+def _pct(values: list[float], q: float) -> float | None:
+    return float(np.percentile(values, q)) if values else None
+
+
+def _round(v: float | None, scale: float) -> float | None:
+    return None if v is None else round(v * scale, 1)
 
 
 def _routable(client: ControlClient, name: str) -> bool:

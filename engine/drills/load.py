@@ -52,13 +52,15 @@ async def _stream(client: openai.AsyncOpenAI, spec: LoadDrillSpec, req: PlannedR
     common = {"model": spec.model, "max_tokens": req.max_tokens, "stream": True,
               "stream_options": {"include_usage": True},
               "extra_body": {"ignore_eos": True} if spec.ignore_eos else None}
+    if spec.temperature is not None:
+        common["temperature"] = spec.temperature
     if spec.endpoint == "chat":
         stream = await client.chat.completions.create(messages=[{"role": "user", "content": req.prompt}], **common)
     else:
         stream = await client.completions.create(prompt=req.prompt, **common)
     first = last = None
     gaps: list[float] = []
-    chunks = 0
+    chunks: list[str] = []
     usage = None
     async for chunk in stream:
         now = time.perf_counter()
@@ -74,14 +76,14 @@ async def _stream(client: openai.AsyncOpenAI, spec: LoadDrillSpec, req: PlannedR
         else:
             gaps.append((now - last) * 1000)
         last = now
-        chunks += 1
+        chunks.append(text)
     return {"first": first, "end": time.perf_counter(), "gaps": gaps, "chunks": chunks, "usage": usage}
 
 
 async def _send(client: openai.AsyncOpenAI, spec: LoadDrillSpec, req: PlannedRequest, t0: float) -> RequestRecord:
     start = time.perf_counter()
     base = {"step": req.step, "index": req.index, "scheduled_s": req.arrival_s, "sent_s": start - t0,
-            "prompt_tokens": req.prompt_tokens, "max_tokens": req.max_tokens}
+            "prompt_tokens": req.prompt_tokens, "max_tokens": req.max_tokens, "prompt": req.prompt}
     try:
         r = await asyncio.wait_for(_stream(client, spec, req), spec.request_timeout_s)
     except Exception as e:  # every failure becomes a counted error with its reason, never a lost request
@@ -90,16 +92,18 @@ async def _send(client: openai.AsyncOpenAI, spec: LoadDrillSpec, req: PlannedReq
     usage = r["usage"]
     if usage is not None:
         base["prompt_tokens"] = usage.prompt_tokens
-    n = usage.completion_tokens if usage is not None else r["chunks"]
+    n = usage.completion_tokens if usage is not None else len(r["chunks"])
     end_s = r["end"] - t0
     if r["first"] is None:
-        return RequestRecord(**base, end_s=end_s, ok=False, output_tokens=n, error="stream ended without text")
+        return RequestRecord(**base, end_s=end_s, ok=False, output_tokens=n, error="stream ended without text",
+                             chunks=r["chunks"])
     e2e = (r["end"] - start) * 1000
     ttft = (r["first"] - start) * 1000
     return RequestRecord(
         **base, end_s=end_s, ok=True, output_tokens=n, ttft_ms=ttft, e2e_ms=e2e,
         tpot_ms=(e2e - ttft) / (n - 1) if n > 1 else None,
         itl_ms=sum(r["gaps"]) / len(r["gaps"]) if r["gaps"] else None, itl_gaps_ms=r["gaps"],
+        max_gap_ms=max(r["gaps"], default=None), chunks=r["chunks"],
     )
 
 
@@ -111,6 +115,19 @@ def _client(spec: LoadDrillSpec) -> openai.AsyncOpenAI:
     key = os.environ.get(spec.api_key_env, "") if spec.api_key_env else ""
     return openai.AsyncOpenAI(base_url=spec.base_url, api_key=key or "none", max_retries=0,
                               timeout=spec.request_timeout_s, http_client=http)
+
+
+async def replay(spec: LoadDrillSpec, records: list[RequestRecord]) -> list[list[str] | None]:
+    """The same requests sent again, one at a time (undisturbed): their text chunks (None where one failed)."""
+    async with _client(spec) as client:
+        out: list[list[str] | None] = []
+        for rec in records:
+            req = PlannedRequest(rec.step, rec.index, rec.scheduled_s, rec.prompt, rec.prompt_tokens, rec.max_tokens)
+            try:
+                out.append((await asyncio.wait_for(_stream(client, spec, req), spec.request_timeout_s))["chunks"])
+            except Exception:  # counted by the caller as an answer that could not be checked
+                out.append(None)
+        return out
 
 
 @dataclass

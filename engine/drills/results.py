@@ -28,7 +28,10 @@ class RequestRecord(BaseModel):
     tpot_ms: float | None = Field(None, description="(end-to-end - TTFT) / (output tokens - 1)")
     itl_ms: float | None = Field(None, description="mean gap between text chunks")
     e2e_ms: float | None = Field(None, description="send to end of stream")
+    max_gap_ms: float | None = Field(None, description="longest pause between two text chunks of the stream")
     itl_gaps_ms: list[float] = Field(default_factory=list, exclude=True, description="every gap between text chunks")
+    prompt: str = Field("", exclude=True, description="what was asked (a fault drill replays it)")
+    chunks: list[str] = Field(default_factory=list, exclude=True, description="the text chunks, in order")
 
     def meets_slo(self, spec: LoadDrillSpec) -> bool:
         if not self.ok:

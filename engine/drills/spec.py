@@ -29,6 +29,8 @@ class LoadDrillSpec(BaseModel):
                                            description="max_tokens per request")
     trace: Path | None = Field(None, description="JSONL of {prompt, max_tokens, arrival_s?}; replaces the distributions")
     tokenizer_dir: Path | None = Field(None, description="checkpoint dir whose tokenizer calibrates prompt lengths exactly")
+    temperature: float | None = Field(None, ge=0, le=2, description="sampling temperature sent (None = the server's "
+                                                                    "default; 0 = greedy, answers that can be replayed)")
     ignore_eos: bool = Field(True, description="ask the server to generate all max_tokens (vLLM-style extra field)")
     slo_ttft_ms: float | None = Field(None, gt=0, description="time-to-first-token SLO; None = not checked")
     slo_tpot_ms: float | None = Field(None, gt=0, description="time-per-output-token SLO; None = not checked")

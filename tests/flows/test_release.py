@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from engine.canary import CanaryPlan, CanaryStep
+from engine.control.client import ControlClient
 from flows.drills import FaultDrillParams, LoadDrillParams
 from flows.release import SMALL_SAMPLE_SUITE, ReleaseParams, release
 from kernels.spec import BuildRequest
@@ -20,7 +21,7 @@ def test_release_promotes_the_new_version_and_drills_it(flow_home):
                         suite=SMALL_SAMPLE_SUITE, drain_s=5),
         canary_traffic_rps=6.0,
         load=LoadDrillParams(steps=[1.0, 2.0], hold_s=3.0, output_len="fixed:8"),
-        fault=FaultDrillParams(repeats=1, rate=2.0, duration_s=3.0),
+        fault=FaultDrillParams(repeats=1, rate=2.0, duration_s=3.0, standby=True),
     )
     state = release(params, return_state=True)
     assert state.is_completed(), state.message
@@ -34,3 +35,8 @@ def test_release_promotes_the_new_version_and_drills_it(flow_home):
     assert summary.load_accounted and summary.load_sent == summary.load_ok + summary.load_error
     assert summary.load_ok > 0
     assert summary.fault_accounted and all(r is not None for r in summary.fault_recover_s)
+    assert summary.fault_errors == 0 and summary.fault_lost_tokens == 0 and summary.fault_duplicated_tokens == 0
+    assert summary.fault_clean
+    with ControlClient.connect() as client:  # the drill's standby copy is gone, the winner serves under its name
+        serving = {g["name"]: g["weight"] for g in client.groups()}
+    assert serving.get("tideflow-v2", 0) > 0 and "tideflow-v2-warm" not in serving

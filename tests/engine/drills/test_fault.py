@@ -1,12 +1,13 @@
 """Fault drill on a live 1P+1D group run by a controller process: the controller kills the member,
-the group is rebuilt as a unit, no request silently lost."""
+the group is rebuilt as a unit, no request silently lost; with a warm standby, nothing lost at all."""
 
 from __future__ import annotations
 
 import pytest
 
 from engine.control import discovery
-from engine.drills.fault import FaultDrillError, FaultDrillSpec, run_fault_drill
+from engine.drills.fault import FaultDrillError, FaultDrillSpec, token_diff, run_fault_drill
+from engine.drills.report import write_fault_report
 from engine.drills.spec import LoadDrillSpec
 from engine.group.manager import GroupState
 from engine.group.spec import InferenceGroup
@@ -40,9 +41,7 @@ def test_kill_member_under_load_is_rebuilt_and_accounted(pd_group, target, repea
         assert run.eject_s is not None  # how fast is a figure for the report, not an assert
         assert run.recover_s is not None
         assert run.all_members_new
-    print(f"\n{target}: recover {[round(r.recover_s, 1) for r in report.runs]} s, eject "
-          f"{[round(r.eject_s * 1000) for r in report.runs]} ms, sent={report.sent} ok={report.ok} "
-          f"errors={report.errors} {report.error_reasons}")
+    print(f"\n{target}: {report.table()} {report.error_reasons}")
 
 
 def test_unknown_target_is_a_clear_error(pd_group, monkeypatch):
@@ -55,3 +54,40 @@ def test_unknown_group_is_a_clear_error(pd_group, monkeypatch):
     load = _load(pd_group, monkeypatch, rate=1, duration_s=1)
     with pytest.raises(FaultDrillError, match="no group 'nope'"):
         run_fault_drill(pd_group, FaultDrillSpec(group="nope", load=load))
+
+
+def test_lost_and_duplicated_tokens_are_counted_against_the_replay():
+    """The drill's token check can fail: a gap and a repeat in a stream are both seen."""
+    reference = ["a", " b", " c", " d", " e"]
+    assert token_diff(reference, reference) == (0, 0)
+    assert token_diff(reference, ["a", " b", " d", " e"]) == (1, 0)
+    assert token_diff(reference, ["a", " b", " c", " c", " d", " e"]) == (0, 1)
+    assert token_diff(reference, ["a", " b", " x", " d", " e"]) == (1, 1)
+
+
+def test_one_group_and_a_warm_standby_lose_nothing_when_decode_dies(pd_group, monkeypatch, tmp_path):
+    """The standby takes the group's traffic at once; the streams open at the kill migrate to it and end
+    exactly as an undisturbed run; the fallen group is rebuilt into the pool. Last in the module: it
+    leaves the fleet as it found it (drill-pd serving, no copy)."""
+    spec = pd_group.group("drill-pd").spec
+    pd_group.apply(spec.model_copy(update={"name": "drill-pd-warm"}), standby=True)
+    try:
+        assert pd_group.wait_for("drill-pd-warm", {GroupState.STANDBY, GroupState.FAILED}, 120).state == GroupState.STANDBY
+        load = _load(pd_group, monkeypatch, rate=6, duration_s=4, prompt_len="uniform:8:24", output_len="fixed:48")
+        report = run_fault_drill(pd_group, FaultDrillSpec(group="drill-pd", target="decode", kill_after_s=1.5,
+                                                          load=load, recovery_timeout_s=120))
+        (run,) = report.runs
+        print(f"\nstandby: {report.table()} {report.error_reasons}")
+        assert report.accounted and report.errors == 0, report.error_reasons
+        assert run.open_at_kill >= 1 and run.checked >= 1 and run.migrated >= 1
+        assert run.lost_tokens == 0 and run.duplicated_tokens == 0 and run.unchecked == 0
+        assert report.clean
+        assert pd_group.group("drill-pd-warm").state == GroupState.READY  # the standby serves
+        files = write_fault_report(report, tmp_path)
+        assert all((tmp_path / name).stat().st_size > 0 for name in ("fault.json", "fault.csv", "fault.png"))
+        assert files["plot"].endswith("fault.png")
+    finally:
+        back = pd_group.wait_for("drill-pd", {GroupState.READY, GroupState.STANDBY, GroupState.FAILED}, 120)
+        if back.state == GroupState.STANDBY:
+            pd_group.activate("drill-pd")
+        pd_group.delete("drill-pd-warm")

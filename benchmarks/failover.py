@@ -1,0 +1,142 @@
+"""Failover with request migration on vs off, in one run: a member SIGKILLed mid-stream under load.
+
+Each mode gets its own router (migration_limit 3, or 0 = off) in front of two colocated groups. N greedy
+streams run at once through the official openai client; once every stream has `--chunks` chunks, the
+member of the group holding the most requests is SIGKILLed. Per stream we record errors, the longest pause
+between two chunks, and, against an undisturbed run of the same requests, lost and duplicated tokens
+(text chunks, one per token). The killed group is rebuilt before the next repeat.
+
+    python benchmarks/failover.py            # the default model (~115M parameters)
+    python benchmarks/failover.py --tiny     # the 2-layer test model
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import openai
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import print_table  # noqa: E402
+
+from engine.default_model import DEFAULT_CONFIG, TINY_CONFIG, write_default_model  # noqa: E402
+from engine.drills.fault import token_diff  # noqa: E402
+from engine.group.groupset import GroupSetConfig, LocalGroupSet  # noqa: E402
+from engine.group.manager import GroupState  # noqa: E402
+from engine.group.spec import InferenceGroup  # noqa: E402
+
+
+def spec(name: str, model_dir: Path, kv_bytes: int) -> InferenceGroup:
+    return InferenceGroup.model_validate({
+        "name": name, "version": "v1", "model": {"path": str(model_dir)},
+        "roles": [{"role": "colocated", "engine": {"kv_cache_bytes": kv_bytes, "max_wait_ms": 0}}]})
+
+
+async def one(client: openai.AsyncOpenAI, i: int, max_tokens: int, progress: list[int]) -> dict:
+    chunks, gaps, last = [], [], None
+    try:
+        stream = await client.completions.create(model="default", prompt=f"the fleet serves request {i} " * (1 + i % 4),
+                                                 max_tokens=max_tokens, temperature=0, stream=True,
+                                                 extra_body={"ignore_eos": True})
+        async for chunk in stream:
+            now = time.perf_counter()
+            if chunk.choices and chunk.choices[0].text:
+                if last is not None:
+                    gaps.append((now - last) * 1000)
+                last = now
+                chunks.append(chunk.choices[0].text)
+                progress[i] += 1
+    except openai.APIError as exc:
+        return {"chunks": chunks, "gap": max(gaps, default=0.0), "error": f"{type(exc).__name__}: {exc}"[:200]}
+    return {"chunks": chunks, "gap": max(gaps, default=0.0), "error": None}
+
+
+async def streams(gs: LocalGroupSet, n: int, max_tokens: int, kill=None, chunks: int = 4) -> list[dict]:
+    client = openai.AsyncOpenAI(base_url=gs.url + "/v1", api_key=gs.client_key, max_retries=0, timeout=300)
+    progress = [0] * n
+    try:
+        tasks = [asyncio.create_task(one(client, i, max_tokens, progress)) for i in range(n)]
+        if kill is not None:
+            t0 = time.monotonic()
+            while min(progress) < chunks and not all(t.done() for t in tasks) and time.monotonic() - t0 < 120:
+                await asyncio.sleep(0.002)
+            await asyncio.to_thread(kill)
+        return await asyncio.gather(*tasks)
+    finally:
+        await client.close()
+
+
+def kill_busiest(gs: LocalGroupSet, groups: dict) -> str:
+    held = {g["name"]: g["inflight"] for g in gs.admin.groups() if g["name"] in groups}
+    name = max(held, key=held.get)
+    pid = next(iter(gs.backend.pids(groups[name].status.handle).values()))
+    os.kill(pid, signal.SIGKILL)
+    return name
+
+
+def run_mode(model_dir: Path, limit: int, args) -> dict:
+    with LocalGroupSet(GroupSetConfig(model_dir=model_dir, model_name="default",
+                                      router_args=["--migration-limit", str(limit)])) as gs:
+        groups = {n: gs.up(spec(n, model_dir, args.kv_bytes)) for n in ("fo-a", "fo-b")}
+        for g in groups.values():
+            if g.wait_for({GroupState.READY, GroupState.FAILED}, 600) != GroupState.READY:
+                raise SystemExit(f"group {g.spec.name} did not start: {g.status.events[-3:]}")
+        reference = asyncio.run(streams(gs, args.streams, args.max_tokens))
+        if any(r["error"] for r in reference):
+            raise SystemExit(f"the undisturbed run failed: {[r['error'] for r in reference if r['error']]}")
+        out = {"errors": 0, "exact": 0, "lost": 0, "dup": 0, "gaps": [], "streams": 0}
+        for repeat in range(args.repeats):
+            killed: list[str] = []
+            got = asyncio.run(streams(gs, args.streams, args.max_tokens, lambda: killed.append(kill_busiest(gs, groups)),
+                                      args.chunks))
+            for want, r in zip(reference, got):
+                lost, dup = token_diff(want["chunks"], r["chunks"])
+                out["errors"] += r["error"] is not None
+                out["exact"] += r["error"] is None and r["chunks"] == want["chunks"]
+                out["lost"], out["dup"] = out["lost"] + lost, out["dup"] + dup
+                out["gaps"].append(r["gap"])
+            out["streams"] += len(got)
+            print(f"migration_limit={limit} repeat {repeat}: killed {killed[0]}; "
+                  f"{sum(r['error'] is not None for r in got)} errors", file=sys.stderr)
+            g = groups[killed[0]]
+            if g.wait_for({GroupState.READY, GroupState.FAILED}, 600) != GroupState.READY:
+                raise SystemExit(f"group {killed[0]} was not rebuilt")
+        return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tiny", action="store_true", help="the tiny test model instead of the default one")
+    ap.add_argument("--streams", type=int, default=16, help="concurrent greedy streams per run")
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--chunks", type=int, default=8, help="chunks every stream has before the kill")
+    ap.add_argument("--repeats", type=int, default=3, help="kills per mode")
+    ap.add_argument("--kv-bytes", type=int, default=128 * 2**20, help="KV cache per member")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        os.environ.setdefault("TIDEFLOW_HOME", str(Path(tmp) / "home"))
+        model_dir = write_default_model(Path(tmp) / "model", TINY_CONFIG if args.tiny else DEFAULT_CONFIG, seed=0)
+        results = {"on (limit 3)": run_mode(model_dir, 3, args), "off (limit 0)": run_mode(model_dir, 0, args)}
+    rows = []
+    for mode, r in results.items():
+        rows.append([mode, r["streams"], r["errors"], r["exact"], r["lost"], r["dup"],
+                     float(np.percentile(r["gaps"], 50)), float(np.percentile(r["gaps"], 99))])
+    print(f"\n{args.streams} greedy streams x {args.repeats} kills, {args.max_tokens} tokens each "
+          f"({'tiny' if args.tiny else 'default'} model); gap = a stream's longest pause between two chunks")
+    print_table(["migration", "streams", "errors", "exact answers", "lost tokens", "dup tokens", "gap p50 ms",
+                 "gap p99 ms"], rows)
+    on, off = results["on (limit 3)"], results["off (limit 0)"]
+    print(f"errors: {on['errors']} with migration vs {off['errors']} without")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
