@@ -66,28 +66,30 @@ def test_lost_and_duplicated_tokens_are_counted_against_the_replay():
 
 
 def test_one_group_and_a_warm_standby_lose_nothing_when_decode_dies(pd_group, monkeypatch, tmp_path):
-    """The standby takes the group's traffic at once; the streams open at the kill migrate to it and end
-    exactly as an undisturbed run; the fallen group is rebuilt into the pool. Last in the module: it
-    leaves the fleet as it found it (drill-pd serving, no copy)."""
-    spec = pd_group.group("drill-pd").spec
-    pd_group.apply(spec.model_copy(update={"name": "drill-pd-warm"}), standby=True)
+    """1 serving group + 1 standby copy (drill-pd out of traffic meanwhile; a group of its own, since the kills
+    above spent drill-pd's restart budget): the standby takes the traffic at once, the streams open at the
+    kill migrate to it and end exactly as an undisturbed run, the fallen group is rebuilt into the pool."""
+    spec = pd_group.group("drill-pd").spec.model_copy(update={"name": "drill-sb"})
+    pd_group.set_weights({"drill-pd": 0.0})
+    pd_group.apply(spec, weight=1.0)
+    pd_group.apply(spec.model_copy(update={"name": "drill-sb-warm"}), standby=True)
     try:
-        assert pd_group.wait_for("drill-pd-warm", {GroupState.STANDBY, GroupState.FAILED}, 120).state == GroupState.STANDBY
+        assert pd_group.wait_for("drill-sb", {GroupState.READY, GroupState.FAILED}, 120).state == GroupState.READY
+        assert pd_group.wait_for("drill-sb-warm", {GroupState.STANDBY, GroupState.FAILED}, 120).state == GroupState.STANDBY
         load = _load(pd_group, monkeypatch, rate=6, duration_s=4, prompt_len="uniform:8:24", output_len="fixed:48")
-        report = run_fault_drill(pd_group, FaultDrillSpec(group="drill-pd", target="decode", kill_after_s=1.5,
+        report = run_fault_drill(pd_group, FaultDrillSpec(group="drill-sb", target="decode", kill_after_s=1.5,
                                                           load=load, recovery_timeout_s=120))
         (run,) = report.runs
         print(f"\nstandby: {report.table()} {report.error_reasons}")
         assert report.accounted and report.errors == 0, report.error_reasons
         assert run.open_at_kill >= 1 and run.checked >= 1 and run.migrated >= 1
         assert run.lost_tokens == 0 and run.duplicated_tokens == 0 and run.unchecked == 0
-        assert report.clean
-        assert pd_group.group("drill-pd-warm").state == GroupState.READY  # the standby serves
-        files = write_fault_report(report, tmp_path)
+        assert run.recover_s is not None and run.all_members_new and report.clean
+        assert pd_group.group("drill-sb-warm").state == GroupState.READY  # the standby serves
+        assert pd_group.group("drill-sb").state == GroupState.STANDBY  # the fallen one refilled the pool
+        write_fault_report(report, tmp_path)
         assert all((tmp_path / name).stat().st_size > 0 for name in ("fault.json", "fault.csv", "fault.png"))
-        assert files["plot"].endswith("fault.png")
     finally:
-        back = pd_group.wait_for("drill-pd", {GroupState.READY, GroupState.STANDBY, GroupState.FAILED}, 120)
-        if back.state == GroupState.STANDBY:
-            pd_group.activate("drill-pd")
-        pd_group.delete("drill-pd-warm")
+        pd_group.delete("drill-sb")
+        pd_group.delete("drill-sb-warm")
+        pd_group.set_weights({"drill-pd": 1.0})
