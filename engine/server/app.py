@@ -157,7 +157,8 @@ def create_app(engine: LLMEngine, model_name: str, api_keys: list[str] | None = 
         return await respond(parsed, request, stream, body.prompt_token_ids)
 
     if transport is not None:
-        served.include_router(pd_routes(engine, model_name, transport, respond_completion, respond_chat, host))
+        served.include_router(pd_routes(engine, model_name, transport, respond_completion, respond_chat, host,
+                                        faults=faults))
 
     app.include_router(open_routes)
     app.include_router(admin_routes(switch), dependencies=[Depends(auth)])

@@ -13,6 +13,7 @@ from fastapi import APIRouter, Request
 
 from engine.encoder.prompt import spliced_prompt
 from engine.encoder.splice import SplicedPrompt
+from engine.faults import FaultInjector
 from engine.llm_engine import LLMEngine
 from engine.pd import DecodeRequest, Handoff, HandoffResult, PrefillRequest, new_transfer_id
 from engine.server.errors import APIError
@@ -23,8 +24,11 @@ KV_FETCH_TIMEOUT_S = 30.0
 
 
 def pd_routes(engine: LLMEngine, model_name: str, transport: TransportKind, respond_completion, respond_chat,
-              host: str = "127.0.0.1", fetch_timeout_s: float = KV_FETCH_TIMEOUT_S) -> APIRouter:
-    """`host` is where the TCP transport serves staged KV (the worker's own address)."""
+              host: str = "127.0.0.1", fetch_timeout_s: float = KV_FETCH_TIMEOUT_S,
+              faults: FaultInjector | None = None) -> APIRouter:
+    """`host` is where the TCP transport serves staged KV (the worker's own address); `faults` (tests and
+    drills only) slows the decode role's streams as it slows the colocated routes."""
+    faults = faults or FaultInjector()
     routes = APIRouter()
     sender = make_sender(transport, host=host)
     receiver = make_receiver(transport)
@@ -69,7 +73,8 @@ def pd_routes(engine: LLMEngine, model_name: str, transport: TransportKind, resp
             kv.release()
             receiver.release(body.descriptor)
 
-        stream = engine.stream_prefilled(body.prompt_token_ids, params, body, kv, release, images, body.resume)
+        stream = faults.slow(engine.stream_prefilled(body.prompt_token_ids, params, body, kv, release, images,
+                                                     body.resume))
         respond = respond_chat if body.api == "chat/completions" else respond_completion
         return await respond(parsed, request, stream, body.prompt_token_ids)
 

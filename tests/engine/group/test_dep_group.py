@@ -147,3 +147,40 @@ def test_surviving_rank_exits_when_its_peer_dies(moe8_dir, tideflow_home):
     finally:
         for child in ranks:
             child.stop(grace_s=2)
+
+
+def test_sigkill_a_dep_rank_mid_stream_loses_nothing(groupset, moe8_dir):
+    """A decode rank of a DEP2 instance is SIGKILLed while streams run on it: the whole group falls (its
+    other rank exits with its peer), every request on it migrates to the colocated group and ends with the
+    answer of an undisturbed run (greedy and seeded, streamed or not), with no client error."""
+    from tests.engine.group.test_migration import PACED, check, migrations, workload
+
+    plain = groupset.backend.member_args
+    groupset.backend.member_args = lambda group, member, *a: plain(group, member, *a) + PACED
+    dep = groupset.up(dep_spec(moe8_dir))
+    backup = groupset.up(InferenceGroup.model_validate({
+        "name": "backup", "version": "v1", "model": {"path": str(moe8_dir)},
+        "roles": [{"role": "colocated", "engine": {"kv_cache_bytes": 4_000_000, "max_wait_ms": 0}}]}))
+    try:
+        for g in (dep, backup):
+            assert g.wait_for({GroupState.READY, GroupState.FAILED}, 120) == GroupState.READY, g.status.events
+        want = asyncio.run(workload(groupset.url, groupset.client_key))
+        assert not [a for a in want if isinstance(a, BaseException)], want
+        groupset.admin.set_weights({"dep2": 4.0, "backup": 1.0})
+        before = sum(migrations(groupset.url, groupset.client_key).values())
+        held: list[int] = []
+
+        def kill_rank1() -> None:
+            held.append(groupset.admin.inflight("dep2"))
+            pid = next(p for m, p in groupset.backend.pids(dep.status.handle).items() if m.role == "decode" and m.rank == 1)
+            os.kill(pid, signal.SIGKILL)
+
+        answers = asyncio.run(workload(groupset.url, groupset.client_key, kill_rank1))
+        check(answers, want)
+        moved = sum(migrations(groupset.url, groupset.client_key).values()) - before
+        print(f"\nSIGKILL DEP rank 1 with {held[0]} requests on the group: {moved:.0f} migrated, exact answers")
+        assert held[0] >= 1 and moved >= 1
+    finally:
+        groupset.backend.member_args = plain
+        dep.drain_and_stop(5)
+        backup.drain_and_stop(5)

@@ -20,6 +20,17 @@ from tests.engine.group.conftest import group_spec
 
 N = 14
 MAX_TOKENS = 96
+# Members pace their tokens (the fault injector's delay) so a stream lasts about 1.5 s: the kill lands while
+# the router still streams, however far the client's event loop lags behind on a busy machine.
+PACED = ["--faults", '{"token_delay_s": 0.015}']
+
+
+@pytest.fixture(scope="module", autouse=True)
+def paced_members(groupset):
+    plain = groupset.backend.member_args
+    groupset.backend.member_args = lambda group, member, *a: plain(group, member, *a) + PACED
+    yield
+    groupset.backend.member_args = plain
 
 
 def request_args(i: int) -> tuple[str, dict]:
