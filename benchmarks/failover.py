@@ -4,7 +4,9 @@ Each mode gets its own router (migration_limit 3, or 0 = off) in front of two co
 streams run at once through the official openai client; once every stream has `--chunks` chunks, the
 member of the group holding the most requests is SIGKILLed. Per stream we record errors, the longest pause
 between two chunks, and, against an undisturbed run of the same requests, lost and duplicated tokens
-(text chunks, one per token). The killed group is rebuilt before the next repeat.
+(text chunks, one per token). The killed group is rebuilt before the next repeat. "in flight at kills"
+is the router's count of requests on the killed group at each kill (a kill after they ended proves
+nothing; on a fast model, pace the tokens with --token-delay-s).
 
     python benchmarks/failover.py            # the default model (~115M parameters)
     python benchmarks/failover.py --tiny     # the 2-layer test model
@@ -74,17 +76,22 @@ async def streams(gs: LocalGroupSet, n: int, max_tokens: int, kill=None, chunks:
         await client.close()
 
 
-def kill_busiest(gs: LocalGroupSet, groups: dict) -> str:
+def kill_busiest(gs: LocalGroupSet, groups: dict) -> tuple[str, int]:
+    """SIGKILL the member of the group the router has the most requests on: (its name, those requests)."""
     held = {g["name"]: g["inflight"] for g in gs.admin.groups() if g["name"] in groups}
     name = max(held, key=held.get)
     pid = next(iter(gs.backend.pids(groups[name].status.handle).values()))
     os.kill(pid, signal.SIGKILL)
-    return name
+    return name, held[name]
 
 
 def run_mode(model_dir: Path, limit: int, args) -> dict:
     with LocalGroupSet(GroupSetConfig(model_dir=model_dir, model_name="default",
                                       router_args=["--migration-limit", str(limit)])) as gs:
+        if args.token_delay_s:
+            plain = gs.backend.member_args
+            pace = ["--faults", f'{{"token_delay_s": {args.token_delay_s}}}']
+            gs.backend.member_args = lambda group, member, *a: plain(group, member, *a) + pace
         groups = {n: gs.up(spec(n, model_dir, args.kv_bytes)) for n in ("fo-a", "fo-b")}
         for g in groups.values():
             if g.wait_for({GroupState.READY, GroupState.FAILED}, 600) != GroupState.READY:
@@ -92,9 +99,9 @@ def run_mode(model_dir: Path, limit: int, args) -> dict:
         reference = asyncio.run(streams(gs, args.streams, args.max_tokens))
         if any(r["error"] for r in reference):
             raise SystemExit(f"the undisturbed run failed: {[r['error'] for r in reference if r['error']]}")
-        out = {"errors": 0, "exact": 0, "lost": 0, "dup": 0, "gaps": [], "streams": 0}
+        out = {"errors": 0, "exact": 0, "lost": 0, "dup": 0, "gaps": [], "streams": 0, "held": 0}
         for repeat in range(args.repeats):
-            killed: list[str] = []
+            killed: list[tuple[str, int]] = []
             got = asyncio.run(streams(gs, args.streams, args.max_tokens, lambda: killed.append(kill_busiest(gs, groups)),
                                       args.chunks))
             for want, r in zip(reference, got):
@@ -104,11 +111,11 @@ def run_mode(model_dir: Path, limit: int, args) -> dict:
                 out["lost"], out["dup"] = out["lost"] + lost, out["dup"] + dup
                 out["gaps"].append(r["gap"])
             out["streams"] += len(got)
-            print(f"migration_limit={limit} repeat {repeat}: killed {killed[0]}; "
-                  f"{sum(r['error'] is not None for r in got)} errors", file=sys.stderr)
-            g = groups[killed[0]]
-            if g.wait_for({GroupState.READY, GroupState.FAILED}, 600) != GroupState.READY:
-                raise SystemExit(f"group {killed[0]} was not rebuilt")
+            out["held"] += killed[0][1]
+            print(f"migration_limit={limit} repeat {repeat}: killed {killed[0][0]} with {killed[0][1]} requests in "
+                  f"flight; {sum(r['error'] is not None for r in got)} errors", file=sys.stderr)
+            if groups[killed[0][0]].wait_for({GroupState.READY, GroupState.FAILED}, 600) != GroupState.READY:
+                raise SystemExit(f"group {killed[0][0]} was not rebuilt")
         return out
 
 
@@ -118,6 +125,8 @@ def main() -> int:
     ap.add_argument("--streams", type=int, default=16, help="concurrent greedy streams per run")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--chunks", type=int, default=8, help="chunks every stream has before the kill")
+    ap.add_argument("--token-delay-s", type=float, default=0.0,
+                    help="members pace each token by this much (fault injector), like a larger model's TPOT")
     ap.add_argument("--repeats", type=int, default=3, help="kills per mode")
     ap.add_argument("--kv-bytes", type=int, default=128 * 2**20, help="KV cache per member")
     args = ap.parse_args()
@@ -127,11 +136,11 @@ def main() -> int:
         results = {"on (limit 3)": run_mode(model_dir, 3, args), "off (limit 0)": run_mode(model_dir, 0, args)}
     rows = []
     for mode, r in results.items():
-        rows.append([mode, r["streams"], r["errors"], r["exact"], r["lost"], r["dup"],
+        rows.append([mode, r["streams"], r["held"], r["errors"], r["exact"], r["lost"], r["dup"],
                      float(np.percentile(r["gaps"], 50)), float(np.percentile(r["gaps"], 99))])
     print(f"\n{args.streams} greedy streams x {args.repeats} kills, {args.max_tokens} tokens each "
           f"({'tiny' if args.tiny else 'default'} model); gap = a stream's longest pause between two chunks")
-    print_table(["migration", "streams", "errors", "exact answers", "lost tokens", "dup tokens", "gap p50 ms",
+    print_table(["migration", "streams", "in flight at kills", "errors", "exact answers", "lost tokens", "dup tokens", "gap p50 ms",
                  "gap p99 ms"], rows)
     on, off = results["on (limit 3)"], results["off (limit 0)"]
     print(f"errors: {on['errors']} with migration vs {off['errors']} without")
