@@ -38,7 +38,7 @@ class LoadDrillParams(BaseModel):
 
 class FaultDrillParams(BaseModel):
     group: str = Field("tiny-pd", description="group to hit")
-    target: str = Field("decode", description="prefill | decode | colocated | encoder | expert")
+    target: str = Field("decode", description="prefill | decode | colocated | encoder | expert | router | controller")
     repeats: int = Field(1, ge=1, le=20)
     rate: float = Field(4.0, gt=0, description="background load, req/s")
     duration_s: float = Field(4.0, gt=0, description="seconds of load per repeat")

@@ -78,6 +78,10 @@ def create_control_app(controller: Controller, on_down: Callable[[], None]) -> F
     def kill(name: GroupName, body: KillMember) -> Killed:
         return call(controller.kill_member, name, body)
 
+    @api.post("/v1/router/kill")
+    def kill_router() -> Killed:
+        return call(controller.kill_router)
+
     @api.post("/v1/pools/scale")
     def scale(body: ScalePool) -> ScaleResult:
         return call(controller.scale_pool, body)

@@ -83,6 +83,9 @@ class ControlClient:
         body = KillMember(target=target).model_dump()
         return Killed.model_validate(self._call("POST", f"/v1/groups/{name}/kill", json=body))
 
+    def kill_router(self) -> Killed:
+        return Killed.model_validate(self._call("POST", "/v1/router/kill"))
+
     def scale_pool(self, body: ScalePool) -> ScaleResult:
         return ScaleResult.model_validate(self._call("POST", "/v1/pools/scale", content=body.model_dump_json(),
                                                      headers={"content-type": "application/json"}))

@@ -241,6 +241,16 @@ class Controller:
         self.store.event("kill", f"group {name}: killed {where} ({member.id}){'' if landed else ' (still running!)'}")
         return Killed(member=where, id=member.id, handle=handle.id, before=[m.id for m in members], landed=landed)
 
+    def kill_router(self) -> Killed:
+        """Kill the router (a fault drill); the next reconcile pass starts a new one on the same port."""
+        with self._lock:  # not while a reconcile pass checks or restarts it
+            try:
+                what, landed = self.runtime.kill_router()
+            except BackendError as exc:
+                raise ControlError(409, str(exc)) from None
+        self.store.event("kill", f"router: killed ({what}){'' if landed else ' (still running!)'}")
+        return Killed(member="router", id=what, handle="router", before=[what], landed=landed)
+
     def scale_pool(self, body: ScalePool) -> ScaleResult:
         with self._lock:
             pool = self._pool(body.template, body.bounds, body.warm_pool)

@@ -15,7 +15,7 @@ from kubernetes import client
 
 from engine.control.kube_store import KubeStore
 from engine.control.runtime import ControllerConfig, Runtime
-from engine.group.backend import GroupHandle
+from engine.group.backend import BackendError, GroupHandle
 from engine.group.k8s.backend import KubernetesBackend, api_client
 from engine.group.manager import GroupManager
 from engine.paths import home
@@ -37,6 +37,10 @@ class KubernetesRuntime(Runtime):
 
     def router_pid(self) -> int | None:
         return None
+
+    def kill_router(self) -> tuple[str, bool]:
+        raise BackendError("on Kubernetes the router is a Deployment of its own: drill it by deleting one of its "
+                           "pods (kubectl delete pod -l app.kubernetes.io/component=router --grace-period=0)")
 
     def adopt(self, manager: GroupManager | None) -> list[str]:
         """Delete the groups nobody wants any more; re-apply the desired ones (their running pods are left

@@ -7,6 +7,9 @@ duplicates, and what it cannot adopt it stops and rebuilds whole.
 
 from __future__ import annotations
 
+import signal
+import time
+
 from collections import defaultdict
 from pathlib import Path
 
@@ -71,6 +74,16 @@ class LocalRuntime(Runtime):
 
     def router_pid(self) -> int | None:
         return self.router.pid if self.router is not None else None
+
+    def kill_router(self, confirm_s: float = 10.0) -> tuple[str, bool]:
+        router = self.router
+        if router is None:
+            raise BackendError("no router runs: nothing to kill")
+        router.kill(signal.SIGKILL)
+        deadline = time.monotonic() + confirm_s
+        while router.alive() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return f"pid {router.pid}", not router.alive()
 
     def adopt(self, manager: GroupManager) -> list[str]:
         adopted = []

@@ -59,6 +59,11 @@ class Runtime(abc.ABC):
         """The router process on this machine, if the runtime runs one."""
 
     @abc.abstractmethod
+    def kill_router(self) -> tuple[str, bool]:
+        """A fault drill's kill of the router: (what was killed, whether it was seen gone); the next
+        reconcile pass starts a new one."""
+
+    @abc.abstractmethod
     def adopt(self, manager: GroupManager) -> list[str]:
         """At start: take over the running members of desired groups, stop those of groups nobody wants.
         Returns the groups taken over (running members that should be Ready again at once)."""

@@ -112,7 +112,9 @@ def _add_fault(kinds: argparse._SubParsersAction) -> None:
                                      "The group is deleted afterwards.")
     p.add_argument("spec", type=Path, help="InferenceGroup spec (YAML)")
     p.add_argument("--model", type=Path, default=None, help="checkpoint dir (default: the spec's model.path)")
-    p.add_argument("--target", choices=["prefill", "decode", "colocated", "encoder", "expert"], default="decode")
+    p.add_argument("--target", choices=["prefill", "decode", "colocated", "encoder", "expert", "router", "controller"],
+                   default="decode", help="a member of the group, or the router (the controller starts a new one) "
+                                          "or the controller (started again here with its own command line)")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--rate", type=float, default=4.0, help="background load, requests/s")
     p.add_argument("--duration", type=float, default=5.0, metavar="S", help="seconds of load per repeat")

@@ -1,9 +1,11 @@
-"""Fault drills: under load, kill a member (SIGKILL, or a pod deleted at once) and prove nothing was lost.
+"""Fault drills: under load, kill a member (SIGKILL, or a pod deleted at once), the router or the controller,
+and prove nothing was lost.
 
 Each repeat: open-loop greedy load runs against the router; the controller kills one member of the
 chosen role (the drill needs no pid or process of its own, so it runs from any flow process) and
 confirms the kill landed; we measure how long until the router stops sending to the group (ejection)
-and until the group is rebuilt with every member new. Every request is accounted for (sent == ok +
+and until the group is rebuilt with every member new. A router kill (by the controller, which starts
+a new router) or a controller kill (engine.drills.plane) must leave every member as it was. Every request is accounted for (sent == ok +
 error, sent counted by the load generator itself); the streams open at the kill are checked: their
 longest pause, how many the router migrated (its own counter), and, replayed undisturbed afterwards,
 token for token (text chunks, one per token) against what the client got: lost and duplicated tokens.
@@ -23,6 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from pydantic import BaseModel, Field
 
 from engine.drills.load import replay, run_load_drill_async
+from engine.drills.plane import PlaneFaultError, kill_controller, restart_controller, router_answers
 from engine.drills.results import LoadDrillReport, RequestRecord
 from engine.drills.spec import LoadDrillSpec
 from engine.control.client import ControlAPIError, ControlClient
@@ -30,7 +33,8 @@ from engine.errors import TideflowError
 from engine.group.manager import GroupState
 from engine.http import bearer_client
 
-Target = Literal["prefill", "decode", "colocated", "encoder", "expert"]
+Target = Literal["prefill", "decode", "colocated", "encoder", "expert", "router", "controller"]
+PLANE = ("router", "controller")  # the rest are members of the group
 
 
 class FaultDrillError(TideflowError):
@@ -39,7 +43,8 @@ class FaultDrillError(TideflowError):
 
 class FaultDrillSpec(BaseModel):
     group: str = Field(description="name of the group to hit")
-    target: Target = Field("decode", description="role of the member to kill; 'expert' = a non-leader DEP rank")
+    target: Target = Field("decode", description="role of the member to kill ('expert' = a non-leader DEP rank), "
+                                                 "or the router or the controller (the group must keep its members)")
     repeats: int = Field(1, ge=1, le=20, description="kill, recover, repeat")
     kill_after_s: float = Field(1.0, ge=0, description="seconds of load before the kill")
     load: LoadDrillSpec = Field(description="background load (its url/model point at the router); sent greedy, "
@@ -51,9 +56,12 @@ class FaultRun(BaseModel):
     repeat: int
     killed: str = Field(description="role/instance/rank of the killed member and what it was (pid N or pod NAME UID)")
     eject_s: float | None = Field(description="kill -> the router no longer routes to the group")
-    recover_s: float | None = Field(description="kill -> the group is rebuilt: Ready again, or Standby in the pool "
-                                                "when a warm standby took its place")
+    recover_s: float | None = Field(description="kill -> back to full capacity: the group rebuilt (Ready again, or "
+                                                "Standby in the pool when a warm standby took its place), or the "
+                                                "router / controller answering again with the group Ready")
     all_members_new: bool
+    members_as_expected: bool = Field(description="a member kill: every member new (rebuilt whole); a router or "
+                                                  "controller kill: every member the same (kept, adopted)")
     kill_at_s: float = Field(description="when the kill landed, in seconds from the start of the load")
     open_at_kill: int = Field(description="requests sent before the kill that ended after it")
     migrated: int = Field(description="requests the router moved to another worker (its migrations counter)")
@@ -89,7 +97,7 @@ class FaultDrillReport(BaseModel):
         """Nothing lost: every request accounted for and ok, every checked answer exact, every replay checked,
         and the group rebuilt whole each time."""
         return (self.accounted and self.errors == 0 and self.lost_tokens == 0 and self.duplicated_tokens == 0
-                and all(r.unchecked == 0 and r.recover_s is not None and r.all_members_new for r in self.runs))
+                and all(r.unchecked == 0 and r.recover_s is not None and r.members_as_expected for r in self.runs))
 
     def table(self) -> list[dict]:
         """One row per repeat, as the CLI prints it and the flow shows it."""
@@ -130,26 +138,37 @@ def run_fault_drill(client: ControlClient, spec: FaultDrillSpec,
 
 async def _one(client: ControlClient, spec: FaultDrillSpec, repeat: int) -> FaultRun:
     view = client.group(spec.group)
-    if not any(m.role == spec.target or (spec.target == "expert" and m.rank > 0) for m in view.members):
+    if spec.target not in PLANE and not any(m.role == spec.target or (spec.target == "expert" and m.rank > 0)
+                                            for m in view.members):
         raise FaultDrillError(f"the group has no {spec.target} member to kill")
+    ids_before = {m.id for m in view.members if m.id}
+    router_url = client.status().router_url
     load_spec = spec.load.model_copy(update={"seed": spec.load.seed + repeat, "temperature": 0.0})
     migrated_before = await asyncio.to_thread(_migrations, load_spec)
     load = asyncio.create_task(run_load_drill_async(load_spec))
     await asyncio.sleep(spec.kill_after_s)
     try:
-        killed = await asyncio.to_thread(client.kill, spec.group, spec.target)
-    except ControlAPIError as exc:
+        killed, landed, before, restart = await asyncio.to_thread(_kill, client, spec)
+    except (ControlAPIError, PlaneFaultError) as exc:
         load.cancel()
-        raise FaultDrillError(f"could not kill a {spec.target} member of {spec.group}: {exc}") from None
+        raise FaultDrillError(f"could not kill the {spec.target} of {spec.group}: {exc}") from None
     t_kill, wall_kill = time.monotonic(), time.time()
-    if not killed.landed:
+    if not landed:
         load.cancel()
-        raise FaultDrillError(f"the kill of {killed.member} ({killed.id}) did not land: it is still running")
-    eject_s = await _until(lambda: not _routable(client, spec.group), spec.recovery_timeout_s, t_kill)
-    recover_s = await _until(lambda: _rebuilt(client, spec.group, killed.before), spec.recovery_timeout_s, t_kill)
+        raise FaultDrillError(f"the kill of {killed} did not land: it is still running")
+    if restart is not None:
+        restart()
+    if spec.target in PLANE:
+        eject_s = None
+        recover_s = await _until(lambda: _plane_back(client, spec.group, router_url, ids_before),
+                                 spec.recovery_timeout_s, t_kill)
+    else:
+        eject_s = await _until(lambda: not _routable(client, spec.group), spec.recovery_timeout_s, t_kill)
+        recover_s = await _until(lambda: _rebuilt(client, spec.group, before), spec.recovery_timeout_s, t_kill)
     report = await load
     migrated = await asyncio.to_thread(_migrations, load_spec) - migrated_before
     after = {m.id for m in client.group(spec.group).members if m.id} if recover_s is not None else set()
+    all_new = bool(after) and after.isdisjoint(before or ids_before)
     kill_s = wall_kill - datetime.fromisoformat(report.started_at).timestamp()
     at_risk = [r for r in report.requests if r.sent_s <= kill_s <= r.end_s]
     gaps = [r.max_gap_ms for r in at_risk if r.max_gap_ms is not None]
@@ -162,12 +181,34 @@ async def _one(client: ControlClient, spec: FaultDrillSpec, repeat: int) -> Faul
             continue
         missing, extra = token_diff(reference, rec.chunks)
         lost, duplicated = lost + missing, duplicated + extra
-    return FaultRun(repeat=repeat, killed=f"{killed.member} ({killed.id})", eject_s=eject_s, recover_s=recover_s,
-                    all_members_new=bool(after) and after.isdisjoint(killed.before), kill_at_s=kill_s,
-                    open_at_kill=len(at_risk),
-                    migrated=round(migrated), stream_gap_p50_ms=_pct(gaps, 50), stream_gap_p99_ms=_pct(gaps, 99),
-                    checked=len(answered) - unchecked, lost_tokens=lost, duplicated_tokens=duplicated,
-                    unchecked=unchecked, load=report)
+    return FaultRun(repeat=repeat, killed=killed, eject_s=eject_s, recover_s=recover_s, all_members_new=all_new,
+                    members_as_expected=(after == ids_before) if spec.target in PLANE else all_new, kill_at_s=kill_s,
+                    open_at_kill=len(at_risk), migrated=round(migrated), stream_gap_p50_ms=_pct(gaps, 50),
+                    stream_gap_p99_ms=_pct(gaps, 99), checked=len(answered) - unchecked, lost_tokens=lost,
+                    duplicated_tokens=duplicated, unchecked=unchecked, load=report)
+
+
+def _kill(client: ControlClient, spec: FaultDrillSpec):
+    """(what was killed, seen gone, member ids a rebuild must not have, restart to run once it is gone)."""
+    if spec.target == "controller":
+        what, landed, argv = kill_controller()
+        return f"controller ({what})", landed, [], lambda: restart_controller(argv)
+    if spec.target == "router":
+        hit = client.kill_router()
+        return f"router ({hit.id})", hit.landed, [], None
+    hit = client.kill(spec.group, spec.target)
+    return f"{hit.member} ({hit.id})", hit.landed, hit.before, None
+
+
+def _plane_back(client: ControlClient, name: str, router_url: str, members: set[str]) -> bool:
+    """The router answers with the group routable, the controller answers, the group is Ready with its members."""
+    if not router_answers(router_url) or not client.health():
+        return False
+    try:
+        view = client.group(name)
+    except ControlAPIError:
+        return False
+    return view.state == GroupState.READY and {m.id for m in view.members if m.id} == members
 
 
 def token_diff(reference: list[str], got: list[str]) -> tuple[int, int]:

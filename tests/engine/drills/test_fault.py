@@ -93,3 +93,31 @@ def test_one_group_and_a_warm_standby_lose_nothing_when_decode_dies(pd_group, mo
         pd_group.delete("drill-sb")
         pd_group.delete("drill-sb-warm")
         pd_group.set_weights({"drill-pd": 1.0})
+
+
+def test_a_router_kill_keeps_every_member_and_the_router_comes_back(pd_group, monkeypatch):
+    """The controller kills its router and starts a new one on the same port. The requests that router held
+    (and those sent while it was down) fail: a client's connection cannot move to another process. What
+    must hold: every request accounted for, the group untouched (same members), the router back."""
+    load = _load(pd_group, monkeypatch, rate=6, duration_s=3, prompt_len="uniform:8:24", output_len="fixed:16")
+    report = run_fault_drill(pd_group, FaultDrillSpec(group="drill-pd", target="router", kill_after_s=1.0,
+                                                      load=load, recovery_timeout_s=60))
+    (run,) = report.runs
+    print(f"\nrouter: {report.table()} {report.error_reasons}")
+    assert run.killed.startswith("router (pid ") and report.accounted
+    assert run.recover_s is not None and run.members_as_expected and not run.all_members_new
+    assert any(e.kind == "router" and "started router" in e.message for e in pd_group.events())
+
+
+def test_a_controller_kill_costs_no_request_and_no_member(pd_group, monkeypatch):
+    """SIGKILL the controller under load; the drill starts it again with its own command line (as its
+    supervisor would). The router keeps serving its last route set meanwhile, and the new controller
+    adopts the running members: 0 errors, the same members, nothing lost."""
+    load = _load(pd_group, monkeypatch, rate=6, duration_s=4, prompt_len="uniform:8:24", output_len="fixed:16")
+    report = run_fault_drill(pd_group, FaultDrillSpec(group="drill-pd", target="controller", kill_after_s=1.0,
+                                                      load=load, recovery_timeout_s=120))
+    (run,) = report.runs
+    print(f"\ncontroller: {report.table()} {report.error_reasons}")
+    assert run.killed.startswith("controller (pid ")
+    assert report.errors == 0 and run.members_as_expected and report.clean, report.error_reasons
+    assert discovery.find().pid != int(run.killed.split("pid ")[1].rstrip(")"))  # a new controller serves
