@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 from engine.paths import default_model_dir
+from kernels.spec import KERNEL_MODES
 
 
 def add_commands(subparsers: argparse._SubParsersAction) -> None:
@@ -29,6 +30,8 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
     gen.add_argument("--seed", type=int, default=None)
     gen.add_argument("--stop", action="append", default=[])
     gen.add_argument("--dtype", choices=["float32", "bfloat16"], default=None)
+    gen.add_argument("--kernels", choices=KERNEL_MODES, default=None,
+                     help="auto (default): build the compiled ops once if missing; cached; reference")
     gen.set_defaults(func=_generate)
 
 
@@ -44,7 +47,7 @@ def _init(args: argparse.Namespace) -> int:
 def _generate(args: argparse.Namespace) -> int:
     from engine.generate import GenerationStats, generate
     from engine.model import load_model
-    from kernels.loader import load_cached
+    from kernels.startup import startup_ops
     from engine.sampling import SamplingParams
     from engine.tokenizer import Tokenizer
 
@@ -52,7 +55,7 @@ def _generate(args: argparse.Namespace) -> int:
     if args.model is None and not (model_dir / "config.json").exists():
         _init(argparse.Namespace(dir=model_dir, seed=0, tiny=False, dtype=args.dtype or "float32"))
     t0 = time.perf_counter()
-    compiled = load_cached("native")
+    compiled = startup_ops("native", args.kernels)
     model = load_model(model_dir, args.dtype)
     tok = Tokenizer(model_dir)
     load_s = time.perf_counter() - t0

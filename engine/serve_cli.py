@@ -11,6 +11,7 @@ from pydantic import ValidationError
 
 from engine.errors import TideflowError
 from engine.parallel.serve_args import add_arguments as add_dep_arguments, dep_serve_config
+from kernels.spec import KERNEL_MODES
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +50,9 @@ def add_commands(subparsers) -> None:
     p.add_argument("--faults", help="tests and drills only: a FaultConfig (engine/faults.py) as JSON or a JSON file path")
     p.add_argument("--standby", action="store_true",
                    help="start silent: load and warm up, release the KV cache, serve only after POST /admin/activate")
+    p.add_argument("--kernels", choices=KERNEL_MODES, default=None,
+                   help="auto (default, or $TIDEFLOW_KERNELS): build and verify the compiled ops for these sources on "
+                        "the first start, cached; cached: only a build already there; reference: torch's ops")
     p.set_defaults(func=serve)
 
 
@@ -72,7 +76,7 @@ def serve(args: argparse.Namespace) -> int:
     from engine.server.metrics import MetricFactory, ServingMetrics
     from engine.weights import WeightsError, local_model_dir, require_verified
     from engine.weights.manifest import MANIFEST_NAME
-    from kernels.loader import load_cached
+    from kernels.startup import startup_ops
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
@@ -90,7 +94,7 @@ def serve(args: argparse.Namespace) -> int:
         faults = FaultInjector(FaultConfig.parse(args.faults)) if args.faults else None
         if args.require_verified or (Path(args.model) / MANIFEST_NAME).exists():
             require_verified(args.model)
-        load_cached("native")
+        startup_ops("native", args.kernels)
         metrics = ServingMetrics(MetricFactory(group=args.metrics_group, version=args.metrics_version, role=args.role))
         dep = dep_serve_config(args)
         if dep is not None:

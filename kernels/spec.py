@@ -19,6 +19,11 @@ _CUDA_ARCH = re.compile(r"^sm_[0-9]{2,3}a?$")
 OpStatus = Literal["verified", "unverified", "wrong_result", "compile_failed"]
 
 
+# How a serving process picks its ops (kernels.startup): the flag --kernels or this variable.
+KERNELS_ENV = "TIDEFLOW_KERNELS"
+KERNEL_MODES = ("auto", "cached", "reference")
+
+
 def backend_of(arch: str) -> Literal["cpu", "cuda"]:
     """'cuda' for sm_XX targets, 'cpu' for native/cpu/x86-64-vN."""
     return "cuda" if _CUDA_ARCH.match(arch) else "cpu"

@@ -11,6 +11,12 @@ import pytest
 
 from engine.default_model import DEFAULT_CONFIG, TINY_CONFIG, write_default_model
 from engine.process import start_ticks
+from kernels.spec import KERNELS_ENV
+
+# Members started by tests use a kernel build only where a test made one (tests/kernels, the release flow):
+# greedy outputs are compared with in-process references on torch's ops, and compiling in every module's
+# private home would cost ~20 s each. tests/kernels/test_startup.py covers the default (auto) build.
+os.environ.setdefault(KERNELS_ENV, "cached")
 
 
 @pytest.fixture(scope="session")
