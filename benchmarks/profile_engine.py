@@ -101,7 +101,7 @@ def run(model, tok, batch: int, prompt_len: int, new_tokens: int, kv_bytes: int)
     ops: dict[str, float] = defaultdict(float)
     for e in traces[0].key_averages():
         if "::" in e.key:
-            ops[category(e.key)] += e.self_cpu_time_total / 1e6
+            ops[e.key] += e.self_cpu_time_total / 1e6
     return dict(phases.totals), dict(ops), wall, sum(len(r.token_ids) for r in results)
 
 
@@ -112,6 +112,7 @@ def main() -> int:
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     ap.add_argument("--kernels", choices=["auto", "cached", "reference"], default="auto")
+    ap.add_argument("--top", type=int, default=0, help="also list the N ops with the most self CPU time")
     args = ap.parse_args()
     compiled = startup_ops("native", args.kernels)
     print(f"compiled ops: {', '.join(sorted(compiled)) or 'none (torch reference)'}; "
@@ -128,9 +129,15 @@ def main() -> int:
             rows.append(["loop, queues, waits (the rest)", other * 1000, 100 * other / wall])
             print_table(["engine thread phase", "ms", "% of wall"], rows)
             forward = phases.get("model forward", 0.0)
+            by_category: dict[str, float] = defaultdict(float)
+            for op, t in ops.items():
+                by_category[category(op)] += t
             op_rows = [[k, v * 1000, 100 * v / forward if forward else 0.0]
-                       for k, v in sorted(ops.items(), key=lambda kv: -kv[1])]
+                       for k, v in sorted(by_category.items(), key=lambda kv: -kv[1])]
             print_table(["op category (self CPU)", "ms", "% of model forward"], op_rows)
+            if args.top:
+                top = sorted(ops.items(), key=lambda kv: -kv[1])[: args.top]
+                print_table(["op", "category", "ms"], [[k, category(k), v * 1000] for k, v in top])
     return 0
 
 
