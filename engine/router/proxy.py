@@ -278,6 +278,7 @@ class Proxy:
         when the answer cannot be completed. Owns `group`'s and the endpoints' in-flight counts."""
         status, migrations = "error", 0
         current: Opened | None = opened
+        holding = True  # this request counts in `group.inflight`
         try:
             async with asyncio.timeout(max(0.1, deadline - time.monotonic())):
                 while True:
@@ -304,18 +305,20 @@ class Proxy:
                     migrations += 1
                     self.metrics.migrations(group, reason).inc()
                     group.inflight -= 1
+                    holding = False
                     try:
                         group, current = await self._open_any(api, upstream, record, deadline, {group.reg.name})
                     except (UpstreamFailed, UpstreamRejected) as exc:
-                        group.inflight += 1  # released in `finally`, as if this group still held the request
                         raise StreamLost("error", f"{why}; migrating it failed: {exc}") from None
+                    holding = True
         except TimeoutError:
             status = "timeout"
             raise StreamLost("timeout", "request deadline passed") from None
         finally:
             if current is not None:
                 await self._close(current)
-            group.inflight -= 1
+            if holding:
+                group.inflight -= 1
             self.metrics.observe(group, status, record)
 
     @staticmethod

@@ -6,6 +6,8 @@ be made to answer like this)."""
 from __future__ import annotations
 
 
+import json
+
 import httpx
 import pytest
 import schemathesis
@@ -35,13 +37,46 @@ def misbehaving_upstream() -> FastAPI:
         if body.get("prompt") == "crash":
             return JSONResponse({"error": {"message": "boom", "type": "server_error"}}, status_code=500)
 
+        if body.get("prompt") in ("break", "break-always"):
+            return StreamingResponse(_breaking(body["prompt"]), media_type="text/event-stream")
+
         async def nothing():  # 200, then the stream ends before its first event
             if False:
                 yield ""
 
         return StreamingResponse(nothing(), media_type="text/event-stream")
 
+    @app.post("/internal/resume")
+    async def resume(body: dict):
+        RESUMED.append(body)
+        if body["request"]["prompt"] == "break-always":
+            return StreamingResponse(_breaking("break-always", resumed=True), media_type="text/event-stream")
+
+        async def rest():
+            yield _event("b", [6], "length")
+            yield 'data: {"id": "other", "created": 2, "choices": [], "usage": {"prompt_tokens": 2, ' \
+                  '"completion_tokens": 2, "total_tokens": 4}}\n\n'
+            yield "data: [DONE]\n\n"
+
+        return StreamingResponse(rest(), media_type="text/event-stream")
+
     return app
+
+
+RESUMED: list[dict] = []
+
+
+def _event(text: str, tokens: list[int], reason: str | None = None, prompt: list[int] | None = None) -> str:
+    trace = {"token_ids": tokens, "seed": 7, **({"prompt_token_ids": prompt} if prompt else {})}
+    choice = {"index": 0, "text": text, **({"finish_reason": reason} if reason else {})}
+    return "data: " + json.dumps({"id": "cmpl-1", "object": "text_completion", "created": 1, "model": "default",
+                                  "choices": [choice], "tideflow": trace}) + "\n\n"
+
+
+async def _breaking(prompt: str, resumed: bool = False):
+    """One token ("a"), then the connection drops mid-stream (as a killed member's would)."""
+    yield _event("x" if resumed else "a", [9] if resumed else [5], prompt=None if resumed else [1, 2])
+    raise RuntimeError("member killed")
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +84,7 @@ def router():
     with serve_in_thread(misbehaving_upstream()) as upstream:
         config = RouterConfig(rate_limit_rps=0.01, rate_limit_burst=3, health_interval_s=0.2, max_attempts=2,
                               member_networks=["127.0.0.0/8"])  # the fuzzer may register nothing else
-        with serve_in_thread(create_router_app(config, [CLIENT, "other-key"], [ADMIN])) as url:
+        with serve_in_thread(create_router_app(config, [CLIENT, "other-key", "resume-key", "break-key"], [ADMIN])) as url:
             admin = httpx.Client(base_url=url, headers={"authorization": f"Bearer {ADMIN}"}, trust_env=False)
             r = admin.post("/admin/groups", json={"name": "bad", "version": "v1",
                                                   "endpoints": [{"url": upstream, "role": "colocated"}]})
@@ -75,6 +110,38 @@ def test_failing_upstreams_leave_in_flight_counts_at_zero_and_4xx_is_not_retried
     assert inflight(admin) == (0, [0])
     (g,) = admin.get("/admin/groups").json()["groups"]
     assert g["routable"]  # one request's failure ejects nobody
+
+
+def test_a_stream_broken_mid_answer_resumes_from_what_the_client_got(router):
+    """The upstream dies after one token; the router resumes on /internal/resume with the prompt ids, the token
+    ids and the characters already sent, and the client sees one stream: one id, usage over the whole answer."""
+    url, admin = router
+    RESUMED.clear()
+    with httpx.Client(base_url=url, headers={"authorization": "Bearer resume-key"}, trust_env=False, timeout=30) as c:
+        r = c.post("/v1/completions", json={"model": "default", "prompt": "break", "max_tokens": 2, "stream": True,
+                                            "stream_options": {"include_usage": True}})
+        events = [json.loads(line[5:]) for line in r.text.splitlines() if line.startswith("data: {")]
+        whole = c.post("/v1/completions", json={"model": "default", "prompt": "break", "max_tokens": 2}).json()
+    assert "".join(e["choices"][0]["text"] for e in events if e["choices"]) == "ab"
+    assert {e["id"] for e in events} == {"cmpl-1"} and all("tideflow" not in e for e in events)
+    assert events[-1]["usage"]["completion_tokens"] == 2 and r.text.rstrip().endswith("data: [DONE]")
+    assert whole["choices"][0]["text"] == "ab" and whole["usage"]["completion_tokens"] == 2
+    assert RESUMED[0]["prompt_token_ids"] == [1, 2]
+    assert RESUMED[0]["resume"] == {"output_token_ids": [5], "sent_chars": 1, "seed": 7}
+    assert inflight(admin) == (0, [0])
+
+
+def test_a_request_that_keeps_breaking_ends_with_an_error_after_the_migration_limit(router):
+    url, admin = router
+    RESUMED.clear()
+    with httpx.Client(base_url=url, headers={"authorization": "Bearer break-key"}, trust_env=False, timeout=30) as c:
+        r = c.post("/v1/completions", json={"model": "default", "prompt": "break-always", "max_tokens": 8,
+                                            "stream": True})
+        whole = c.post("/v1/completions", json={"model": "default", "prompt": "break-always", "max_tokens": 8})
+    assert '"error"' in r.text and r.text.rstrip().endswith("data: [DONE]")
+    assert whole.status_code == 502 and "migrating" not in whole.json()["error"]["message"]
+    assert len(RESUMED) == 2 * 3  # migration_limit (3) per request, then the client is told
+    assert inflight(admin) == (0, [0])
 
 
 def test_rate_limit_is_per_key_however_the_header_is_spelled(router):
