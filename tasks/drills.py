@@ -14,7 +14,7 @@ from engine.drills.load import run_load_drill as load_drill
 from engine.drills.results import LoadDrillReport
 from engine.drills.spec import LoadDrillSpec
 from engine.control.client import ControlClient
-from engine.drills.report import write_fault_report
+from engine.drills.fault_report import write_fault_report
 from engine.group.manager import GroupState
 from engine.paths import home
 from tasks.progress import ProgressArtifact

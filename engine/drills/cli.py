@@ -133,7 +133,7 @@ def _fault(args: argparse.Namespace) -> int:
     from engine.control.client import ControlClient
     from engine.control.launch import ensure_controller, stop_controller
     from engine.drills.fault import FaultDrillSpec, run_fault_drill
-    from engine.drills.report import write_fault_report
+    from engine.drills.fault_report import write_fault_report
     from engine.drills.spec import LoadDrillSpec
     from engine.group.manager import GroupState
     from engine.group.spec import InferenceGroup

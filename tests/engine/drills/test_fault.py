@@ -7,7 +7,7 @@ import pytest
 
 from engine.control import discovery
 from engine.drills.fault import FaultDrillError, FaultDrillSpec, token_diff, run_fault_drill
-from engine.drills.report import write_fault_report
+from engine.drills.fault_report import write_fault_report
 from engine.drills.spec import LoadDrillSpec
 from engine.group.manager import GroupState
 from engine.group.spec import InferenceGroup
