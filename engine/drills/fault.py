@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import difflib
 import os
+import threading
 import time
 from datetime import datetime
 from typing import Callable, Literal
@@ -46,7 +47,7 @@ class FaultDrillSpec(BaseModel):
     target: Target = Field("decode", description="role of the member to kill ('expert' = a non-leader DEP rank), "
                                                  "or the router or the controller (the group must keep its members)")
     repeats: int = Field(1, ge=1, le=20, description="kill, recover, repeat")
-    kill_after_s: float = Field(1.0, ge=0, description="seconds of load before the kill")
+    kill_after_s: float = Field(1.0, ge=0, description="seconds of load before the kill, from the first request sent")
     load: LoadDrillSpec = Field(description="background load (its url/model point at the router); sent greedy, "
                                             "so every answer can be replayed and compared")
     recovery_timeout_s: float = Field(180.0, gt=0, description="the group must be Ready again within this")
@@ -145,7 +146,10 @@ async def _one(client: ControlClient, spec: FaultDrillSpec, repeat: int) -> Faul
     router_url = client.status().router_url
     load_spec = spec.load.model_copy(update={"seed": spec.load.seed + repeat, "temperature": 0.0})
     migrated_before = await asyncio.to_thread(_migrations, load_spec)
-    load = asyncio.create_task(run_load_drill_async(load_spec))
+    flowing = threading.Event()
+    load = asyncio.create_task(run_load_drill_async(load_spec, flowing=flowing))
+    while not flowing.is_set() and not load.done():  # the schedule is built first: time the kill from the first send
+        await asyncio.sleep(0.01)
     await asyncio.sleep(spec.kill_after_s)
     try:
         killed, landed, before, restart = await asyncio.to_thread(_kill, client, spec)

@@ -142,8 +142,9 @@ class Driven:
 
 
 async def drive(spec: LoadDrillSpec, plan: list[PlannedRequest], on_done: Callable[[RequestRecord], None],
-                stop: threading.Event | None = None) -> Driven:
-    """Send `plan` on its clock (or until `stop` is set: later arrivals are not sent)."""
+                stop: threading.Event | None = None, flowing: threading.Event | None = None) -> Driven:
+    """Send `plan` on its clock (or until `stop` is set: later arrivals are not sent); `flowing` is set
+    once the first request has left."""
     records: list[RequestRecord] = []
     pending: set[asyncio.Task] = set()
     issued = 0
@@ -170,6 +171,8 @@ async def drive(spec: LoadDrillSpec, plan: list[PlannedRequest], on_done: Callab
                 continue
             task = asyncio.create_task(_send(client, spec, req, t0))
             pending.add(task)
+            if flowing is not None:
+                flowing.set()
             task.add_done_callback(lambda t: (pending.discard(t), finish(t.result())))
         while pending:
             await asyncio.wait(set(pending))
@@ -177,10 +180,12 @@ async def drive(spec: LoadDrillSpec, plan: list[PlannedRequest], on_done: Callab
 
 
 async def run_load_drill_async(spec: LoadDrillSpec, progress: ProgressCallback | None = None,
-                               stop: threading.Event | None = None) -> LoadDrillReport:
+                               stop: threading.Event | None = None,
+                               flowing: threading.Event | None = None) -> LoadDrillReport:
     """The drill: schedule, drive, summarise per step, find the watermark, then write and validate the reports.
 
-    Setting `stop` ends the arrivals early (background traffic); the report covers what was sent."""
+    Setting `stop` ends the arrivals early (background traffic); the report covers what was sent. `flowing`
+    is set when the first request leaves (a fault drill times its kill from there)."""
     plan, rates = build_schedule(spec)
     counts = {"ok": 0, "error": 0}
     bar = tqdm(total=len(plan), desc="load drill", unit="req", file=sys.stderr, disable=not spec.progress_bar)
@@ -193,7 +198,7 @@ async def run_load_drill_async(spec: LoadDrillSpec, progress: ProgressCallback |
             progress(DrillProgress(total=len(plan), done=counts["ok"] + counts["error"], step=rec.step, **counts))
 
     try:
-        driven = await drive(spec, plan, on_done, stop)
+        driven = await drive(spec, plan, on_done, stop, flowing)
     finally:
         bar.close()
     records, started = driven.records, driven.started

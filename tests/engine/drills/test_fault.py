@@ -76,7 +76,9 @@ def test_one_group_and_a_warm_standby_lose_nothing_when_decode_dies(pd_group, mo
     try:
         assert pd_group.wait_for("drill-sb", {GroupState.READY, GroupState.FAILED}, 120).state == GroupState.READY
         assert pd_group.wait_for("drill-sb-warm", {GroupState.STANDBY, GroupState.FAILED}, 120).state == GroupState.STANDBY
-        load = _load(pd_group, monkeypatch, rate=6, duration_s=4, prompt_len="uniform:8:24", output_len="fixed:48")
+        # constant arrivals: requests are in flight at any moment (a Poisson gap could leave none at the kill)
+        load = _load(pd_group, monkeypatch, rate=8, duration_s=4, arrival="constant", prompt_len="uniform:8:24",
+                     output_len="fixed:96")
         report = run_fault_drill(pd_group, FaultDrillSpec(group="drill-sb", target="decode", kill_after_s=1.5,
                                                           load=load, recovery_timeout_s=120))
         (run,) = report.runs
