@@ -110,7 +110,8 @@ class Proxy:
                         tried: set[str]) -> tuple[GroupState, Opened]:
         """Open the request (or, once started, its resumption) on a group not in `tried` (any group if
         none is left), bounded by max_attempts; the group's in-flight count is taken for the caller.
-        While no group is routable (a standby activating after a fall), it waits up to route_wait_s."""
+        While no group is routable (a standby activating after a fall), it waits up to route_wait_s; a try on
+        a group whose member turned out gone (ejected by it) does not count against max_attempts meanwhile."""
         last = "no group is ready to serve"
         wait_until = min(deadline, time.monotonic() + self.config.route_wait_s)
         attempt = 0
@@ -131,6 +132,8 @@ class Proxy:
             except UpstreamFailed as exc:
                 group.inflight -= 1
                 last = str(exc)
+                if not group.routable and time.monotonic() < wait_until:
+                    attempt -= 1  # its member is gone (ejected): that try says nothing of the other groups
             except UpstreamRejected:
                 group.inflight -= 1
                 self.metrics.requests(group, "rejected").inc()

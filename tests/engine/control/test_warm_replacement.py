@@ -32,6 +32,7 @@ def test_a_standby_takes_over_and_the_fallen_group_refills_the_pool(pool):
     client = openai.OpenAI(base_url=pool.status().router_url + "/v1", api_key=discovery.router_key(), max_retries=0,
                            timeout=60)
     after_kill: list[bool] = []
+    errors: list[str] = []
     killed = threading.Event()
     stop = threading.Event()
 
@@ -40,8 +41,9 @@ def test_a_standby_takes_over_and_the_fallen_group_refills_the_pool(pool):
             try:
                 client.completions.create(model="default", prompt="warm", max_tokens=16)
                 ok = True
-            except openai.APIError:
+            except openai.APIError as exc:
                 ok = False
+                errors.append(f"{type(exc).__name__}: {exc}")
             if killed.is_set():  # ended after the kill: in flight at it, or sent during the takeover
                 after_kill.append(ok)
 
@@ -61,7 +63,7 @@ def test_a_standby_takes_over_and_the_fallen_group_refills_the_pool(pool):
         stop.set()
         for t in threads:
             t.join(timeout=60)
-    assert after_kill and all(after_kill), f"{after_kill.count(False)} of {len(after_kill)} requests failed"
+    assert after_kill and all(after_kill), f"{after_kill.count(False)} of {len(after_kill)} requests failed: {errors}"
     replaced = [e.message for e in pool.events() if e.kind == "replace" and "standby warm-1 serves" in e.message]
     assert replaced
     print(f"\n{replaced[-1]}; {len(after_kill)} requests after the kill, 0 errors")
