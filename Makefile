@@ -26,8 +26,8 @@ test: $(STAMP) prometheus
 test-slow: $(STAMP) prometheus
 	$(BIN)/python -m pytest -q -m slow
 
-# Every claim's benchmark (guidellm_crosscheck.py needs its own venv: see its docstring).
-BENCHES := decode serving kernel_ops weights pd ep warm tidal
+# Every claim's benchmark (guidellm_crosscheck.py and peer_vllm.py need their own venvs: see their docstrings).
+BENCHES := decode serving kernel_ops weights pd ep warm tidal failover profile_engine
 bench: $(STAMP)
 	for b in $(BENCHES); do $(BIN)/python benchmarks/$$b.py || exit 1; done
 
