@@ -270,8 +270,7 @@ class LLMEngine:
         req = _Request(seq, sink, IncrementalDecoder(self.tokenizer), holdback, spliced=images)
         if resume is not None:
             seq.output_tokens = list(resume.output_token_ids)
-            for tok in seq.output_tokens:
-                req.decoder.push(tok)
+            req.decoder.prime(seq.output_tokens)
             req.sent_chars = min(resume.sent_chars, len(req.decoder.text))
         return req
 

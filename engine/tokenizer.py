@@ -124,6 +124,12 @@ class IncrementalDecoder:
         self.ids: list[int] = []
         self.text = ""
 
+    def prime(self, tokens: list[int]) -> None:
+        """Start from tokens already streamed (a resumed request): one decode instead of one per token.
+        Text stops before a trailing incomplete character, as `push` would have left it."""
+        self.ids = list(tokens)
+        self.text = self.tokenizer.decode(self.ids).rstrip("\ufffd")
+
     def push(self, token: int) -> str:
         self.ids.append(token)
         text = self.tokenizer.decode(self.ids)

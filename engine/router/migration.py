@@ -166,7 +166,7 @@ class StreamRecord:
     # ---- what the metrics read ----------------------------------------------------------------------
     @property
     def tokens(self) -> int:
-        return self.final_usage().completion_tokens if self.usage is not None else len(self.token_ids)
+        return int(self.usage.get("completion_tokens", 0)) if self.usage else len(self.token_ids)
 
     @property
     def ttft(self) -> float | None:
