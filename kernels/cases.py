@@ -71,7 +71,7 @@ def attention_args(context_lens, q_heads, kv_heads, dim, dtype, device, block_si
 
 
 def check_cases(op: str, dtype: torch.dtype, device: str) -> list[tuple]:
-    """Shapes the build verifies: odd sizes, a single token, views and skipped experts."""
+    """Shapes the build verifies: odd sizes, a single token, views, skipped experts, large expert groups."""
     d = (dtype, device)
     if op == "rms_norm":
         return [rms_norm_args(13, 4099, *d), rms_norm_args(1, 512, *d, residual=False)]
@@ -80,9 +80,12 @@ def check_cases(op: str, dtype: torch.dtype, device: str) -> list[tuple]:
     if op == "topk_gating":
         return [gating_args(13, 64, 8, *d), gating_args(1, 60, 2, *d, renormalize=False)]
     if op == "moe_experts":
-        return [moe_args(13, 257, 96, 8, 2, *d, skip_fraction=0.2), moe_args(37, 128, 64, 4, 2, *d)]
+        # register tiles with ragged edges (odd sizes), and expert groups past the tiled path's limit (at::mm)
+        return [moe_args(13, 257, 96, 8, 2, *d, skip_fraction=0.2), moe_args(37, 128, 64, 4, 2, *d),
+                moe_args(150, 97, 40, 2, 2, *d)]
     if op == "paged_decode_attention":
-        return [attention_args([1, 37, 100], 8, 2, 128, *d), attention_args([16], 4, 4, 64, *d)]
+        return [attention_args([1, 37, 100], 8, 2, 128, *d), attention_args([16], 4, 4, 64, *d),
+                attention_args([5, 33], 12, 2, 72, *d)]  # query groups of 6: two register tiles of heads
     raise KeyError(op)
 
 

@@ -1,36 +1,61 @@
 // MoE experts: counting-sort the (token, slot) pairs by expert, then per expert group run the
-// SwiGLU MLP and scatter the weighted result into an fp32 accumulator. Small groups (decode)
-// use a fused loop that streams each weight row once for all the group's tokens; large groups
-// (prefill) call at::mm on the gathered rows.
+// SwiGLU MLP and scatter the weighted result into an fp32 accumulator. Groups up to
+// kFusedGroupMax tokens (decode, small prefills) use register-tiled dot products that stream each
+// weight row once for the whole group; larger groups (prefill) call at::mm on the gathered rows.
 #pragma once
 #include <vector>
 
 #include "common.h"
+#include "tile_dot.h"
 
 namespace tideflow {
 
-constexpr int64_t kFusedGroupMax = 8;
+// Where at::mm on gathered rows overtakes the tiled loops (benchmarks/kernels.py moe cases, 2-core
+// AVX512-BF16 host: the tiled loops win up to ~96 tokens per expert in both dtypes).
+constexpr int64_t kFusedGroupMax = 64;
 
 inline float silu(float v) { return v / (1.f + vexp(-v)); }
 
-// One expert, n <= kFusedGroupMax tokens: act = silu(x W_gate^T) * (x W_up^T), out += w * act W2^T.
-template <typename T, typename WT>
-void expert_fused(const T* x, const WT* w13, const WT* w2, const int64_t* toks, const float* gate_w,
-                  int64_t n, int64_t hidden, int64_t inter, float* act, float* out) {
+// One expert, n <= kFusedGroupMax tokens: act = silu(x W_gate^T) * (x W_up^T) (rounded to T as
+// the reference does), out += w * act W2^T. Threads split the weight rows, so the expert's weights
+// are read once per step whatever n is.
+template <typename T>
+void expert_fused(const T* x, const T* w13, const T* w2, const int64_t* toks, const float* gate_w,
+                  int64_t n, int64_t hidden, int64_t inter, T* act, float* out) {
   const bool par = n * hidden * inter >= kParallelGrain;
 #pragma omp parallel for schedule(static) if (par)
-  for (int64_t j = 0; j < inter; ++j) {
-    const WT* g = w13 + j * hidden;
-    const WT* u = w13 + (inter + j) * hidden;
-    for (int64_t a = 0; a < n; ++a) {
-      const T* xa = x + toks[a] * hidden;
-      act[a * inter + j] = silu(dot(g, xa, hidden)) * dot(u, xa, hidden);
+  for (int64_t j = 0; j < inter; j += 2) {  // rows gate_j, gate_j+1, up_j, up_j+1
+    const int64_t j1 = std::min(j + 1, inter - 1);
+    const T* w[4] = {w13 + j * hidden, w13 + j1 * hidden, w13 + (inter + j) * hidden,
+                     w13 + (inter + j1) * hidden};
+    for (int64_t t0 = 0; t0 < n; t0 += kTileTokens) {
+      const int nt = int(std::min<int64_t>(kTileTokens, n - t0));
+      const T* xs[kTileTokens];
+      for (int t = 0; t < nt; ++t) xs[t] = x + toks[t0 + t] * hidden;
+      float r[4][kTileTokens];
+      tile_dot<4>(w, xs, nt, hidden, r);
+      for (int t = 0; t < nt; ++t) {
+        act[(t0 + t) * inter + j] = from_f<T>(silu(r[0][t]) * r[2][t]);
+        if (j1 != j) act[(t0 + t) * inter + j1] = from_f<T>(silu(r[1][t]) * r[3][t]);
+      }
     }
   }
 #pragma omp parallel for schedule(static) if (par)
-  for (int64_t j = 0; j < hidden; ++j) {
-    const WT* d = w2 + j * inter;
-    for (int64_t a = 0; a < n; ++a) out[toks[a] * hidden + j] += gate_w[a] * dot(d, act + a * inter, inter);
+  for (int64_t j = 0; j < hidden; j += 4) {  // rows j..j+3 of W2 (the last tile repeats its last row)
+    const T* w[4];
+    for (int q = 0; q < 4; ++q) w[q] = w2 + std::min(j + q, hidden - 1) * inter;
+    const int rows = int(std::min<int64_t>(4, hidden - j));
+    for (int64_t t0 = 0; t0 < n; t0 += kTileTokens) {
+      const int nt = int(std::min<int64_t>(kTileTokens, n - t0));
+      const T* xs[kTileTokens];
+      for (int t = 0; t < nt; ++t) xs[t] = act + (t0 + t) * inter;
+      float r[4][kTileTokens];
+      tile_dot<4>(w, xs, nt, inter, r);
+      for (int t = 0; t < nt; ++t) {
+        float* o = out + toks[t0 + t] * hidden + j;
+        for (int q = 0; q < rows; ++q) o[q] += gate_w[t0 + t] * r[q][t];
+      }
+    }
   }
 }
 
@@ -103,15 +128,15 @@ inline at::Tensor moe_experts(const at::Tensor& x_in, const at::Tensor& w13_in,
 
   auto acc = at::zeros({tokens, hidden}, x.options().dtype(at::kFloat));
   float* out = acc.data_ptr<float>();
-  std::vector<float> act(kFusedGroupMax * inter);
   dispatch(x, "moe_experts", [&](auto tag) {
     using T = decltype(tag);
+    std::vector<T> act(std::min(kFusedGroupMax, tokens) * inter);
     for (int64_t e = 0; e < experts; ++e) {
       const int64_t n = offsets[e + 1] - offsets[e];
       if (n == 0) continue;
       const int64_t s = offsets[e];
       if (n <= kFusedGroupMax) {
-        expert_fused<T, T>(cptr<T>(x), cptr<T>(w13) + e * 2 * inter * hidden,
+        expert_fused<T>(cptr<T>(x), cptr<T>(w13) + e * 2 * inter * hidden,
                            cptr<T>(w2) + e * hidden * inter, sorted_tok.data() + s,
                            sorted_w.data() + s, n, hidden, inter, act.data(), out);
       } else {

@@ -1,10 +1,13 @@
 // Decode attention over a paged KV cache: one task per (sequence, kv head) handles that head's
-// whole query group, so each K/V row is read once for all grouped-query heads.
+// whole query group, so each K/V row is read once for all grouped-query heads. Scores come from the
+// register-tiled dot products (4 cache rows against up to 4 query heads at once), and the cache is
+// walked block by block, so no position needs a division to find its block.
 #pragma once
 #include <limits>
 #include <vector>
 
 #include "common.h"
+#include "tile_dot.h"
 
 namespace tideflow {
 
@@ -14,27 +17,34 @@ void paged_attention_rows(const T* q, const T* kc, const T* vc, const I* tables,
                           int64_t block_size, int64_t max_blocks, float scale) {
   const int64_t group = hq / hk;
   const int64_t row_stride = hk * dim;  // between consecutive positions of one block
+  int64_t max_len = 0;
+  for (int64_t b = 0; b < batch; ++b) max_len = std::max<int64_t>(max_len, lens[b]);
 #pragma omp parallel
   {
-    std::vector<float> scores, acc(group * dim), qf(group * dim);
+    std::vector<float> scores(group * max_len), acc(group * dim), denom(group);
+    std::vector<const T*> qrows(group);
 #pragma omp for schedule(dynamic, 1) collapse(2)
     for (int64_t b = 0; b < batch; ++b) {
       for (int64_t h = 0; h < hk; ++h) {
         const int64_t len = lens[b];
         const I* table = tables + b * max_blocks;
-        scores.assign(group * len, 0.f);
-        for (int64_t g = 0; g < group; ++g) {
-          const T* qr = q + (b * hq + h * group + g) * dim;
-#pragma omp simd
-          for (int64_t d = 0; d < dim; ++d) qf[g * dim + d] = to_f(qr[d]) * scale;
+        for (int64_t g = 0; g < group; ++g) qrows[g] = q + (b * hq + h * group + g) * dim;
+        for (int64_t p0 = 0; p0 < len; p0 += block_size) {
+          const T* block = kc + int64_t(table[p0 / block_size]) * block_size * row_stride + h * dim;
+          const int64_t n = std::min(block_size, len - p0);
+          for (int64_t i = 0; i < n; i += 4) {
+            const T* rows[4];
+            for (int r = 0; r < 4; ++r) rows[r] = block + std::min(i + r, n - 1) * row_stride;
+            const int live = int(std::min<int64_t>(4, n - i));
+            for (int64_t g0 = 0; g0 < group; g0 += kTileTokens) {
+              const int nt = int(std::min<int64_t>(kTileTokens, group - g0));
+              float r[4][kTileTokens];
+              tile_dot<4>(rows, qrows.data() + g0, nt, dim, r);
+              for (int pr = 0; pr < live; ++pr)
+                for (int t = 0; t < nt; ++t) scores[(g0 + t) * len + p0 + i + pr] = r[pr][t] * scale;
+            }
+          }
         }
-        for (int64_t p = 0; p < len; ++p) {
-          const int64_t blk = table[p / block_size];
-          const T* kr = kc + (blk * block_size + p % block_size) * row_stride + h * dim;
-          for (int64_t g = 0; g < group; ++g) scores[g * len + p] = dot(qf.data() + g * dim, kr, dim);
-        }
-        std::fill(acc.begin(), acc.end(), 0.f);
-        std::vector<float> denom(group, 0.f);
         for (int64_t g = 0; g < group; ++g) {
           float* s = scores.data() + g * len;
           float mx = -std::numeric_limits<float>::infinity();
@@ -47,14 +57,18 @@ void paged_attention_rows(const T* q, const T* kc, const T* vc, const I* tables,
           }
           denom[g] = sum;
         }
-        for (int64_t p = 0; p < len; ++p) {
-          const int64_t blk = table[p / block_size];
-          const T* vr = vc + (blk * block_size + p % block_size) * row_stride + h * dim;
-          for (int64_t g = 0; g < group; ++g) {
-            const float w = scores[g * len + p];
-            float* a = acc.data() + g * dim;
+        std::fill(acc.begin(), acc.end(), 0.f);
+        for (int64_t p0 = 0; p0 < len; p0 += block_size) {
+          const T* block = vc + int64_t(table[p0 / block_size]) * block_size * row_stride + h * dim;
+          const int64_t n = std::min(block_size, len - p0);
+          for (int64_t i = 0; i < n; ++i) {
+            const T* vr = block + i * row_stride;
+            for (int64_t g = 0; g < group; ++g) {
+              const float w = scores[g * len + p0 + i];
+              float* a = acc.data() + g * dim;
 #pragma omp simd
-            for (int64_t d = 0; d < dim; ++d) a[d] += w * to_f(vr[d]);
+              for (int64_t d = 0; d < dim; ++d) a[d] += w * to_f(vr[d]);
+            }
           }
         }
         for (int64_t g = 0; g < group; ++g) {
