@@ -42,7 +42,7 @@ def canary_release(params: CanaryParams = CanaryParams()) -> CanaryReport:
             shift_traffic(stable, name, step.percent, index)
             report = collect_metrics(stable, name, index, step, params.plan, steps, params.prometheus_url)
             steps.append(report)
-            failed = report.gate.failed if report.gate else [f"only {report.canary.requests:.0f} canary requests in the hold"]
+            failed = [] if report.passed else [report.failures()]
             if report.passed:
                 gate = validate_metrics(steps, params.plan)
                 failed = gate.failed if not gate.success else []

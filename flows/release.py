@@ -14,6 +14,7 @@ from prefect.artifacts import create_markdown_artifact
 from pydantic import BaseModel, Field
 
 from engine.canary import CanaryPlan, CanaryStep
+from engine.canary.judge import JudgeConfig
 from engine.drills.load import run_load_drill as background_load
 from engine.drills.spec import LoadDrillSpec
 from engine.control.client import ControlClient
@@ -25,13 +26,13 @@ from flows.params import DeployParams, WeightsParams
 from flows.publish_weights import publish_weights
 from kernels.spec import BuildRequest
 
-SMALL_SAMPLE_SUITE = Path(__file__).resolve().parents[1] / "deployments" / "expectations" / "canary-small-sample.json"
-
 
 def embedded_plan() -> CanaryPlan:
-    """Short holds for a laptop run; a production plan holds minutes and 100+ requests per step."""
-    return CanaryPlan(steps=[CanaryStep(percent=p, hold_s=4, min_requests=5, max_hold_s=90) for p in (5, 25, 50, 100)],
-                      suite=SMALL_SAMPLE_SUITE, drain_s=10)
+    """The production judge and suite with a laptop's evidence: each step passes on a horizon of 30 canary
+    requests (its false-rollback budget is the same; what shrinks is the degradation it can see), and the
+    first step is 25 % so that a few requests a second reach it; a production plan holds minutes."""
+    return CanaryPlan(steps=[CanaryStep(percent=p, hold_s=4, max_hold_s=120) for p in (25, 50, 100)],
+                      judge=JudgeConfig(horizon=30), drain_s=10)
 
 
 class ReleaseParams(BaseModel):

@@ -12,7 +12,8 @@ from prefect.cache_policies import NO_CACHE
 
 from engine.canary import CanaryPlan, CanaryStep, DirectSource, PrometheusSource
 from engine.canary.gates import GateResult, GateSuite, step_row
-from engine.canary.rollout import CanaryReport, StepReport, conclude, hold_step, shift_weights
+from engine.canary.rollout import CanaryReport, StepReport, conclude, hold_step, judge_table, shift_weights
+from engine.canary.samples import RouterSamples
 from engine.control import discovery
 from engine.control.client import ControlClient
 from engine.control.models import CanaryRecord
@@ -37,26 +38,32 @@ def shift_traffic(stable: str, canary: str, percent: float, step: int = -1) -> N
 @task(name="collect_metrics", cache_policy=NO_CACHE, timeout_seconds=3600)
 def collect_metrics(stable: str, canary: str, index: int, step: CanaryStep, plan: CanaryPlan, done: list[StepReport],
                     prometheus_url: str | None = None) -> StepReport:
-    """Hold the step: canary vs stable figures, gates checked every second so a bad canary leaves early."""
+    """Hold the step: the judge looks at both groups' per-request samples every check, so a bad canary leaves
+    as soon as the evidence is clear; the suite runs on the judge table at the step's end."""
     logger = get_run_logger()
     with ControlClient.connect() as client:
+        router_url = client.status().router_url
         source = _source(client, prometheus_url)
+        samples = RouterSamples(router_url, discovery.router_key(), [stable, canary])
         try:
-            report = hold_step(client, stable, canary, index, step, plan, source, GateSuite(plan.suite), done,
+            report = hold_step(stable, canary, index, step, plan, source, samples, GateSuite(plan.suite), done,
                                lambda e: logger.info("step %d %s: %s", e.step, e.kind, e.message))
         finally:
+            samples.close()
             source.close()
-    create_table_artifact(key=f"canary-step-{index}", description=f"step {index}: canary at {step.percent:g} %",
+    create_table_artifact(key=f"canary-step-{index}", description=f"step {index}: the judge at canary {step.percent:g} %",
+                          table=[v.model_dump() for v in report.verdicts])
+    create_table_artifact(key=f"canary-step-{index}-figures", description=f"step {index}: canary and stable figures",
                           table=[{"group": "canary", **report.canary.model_dump()}, {"group": "stable", **report.stable.model_dump()}])
     return report
 
 
 @task(name="validate_metrics", cache_policy=NO_CACHE, timeout_seconds=300)
 def validate_metrics(steps: list[StepReport], plan: CanaryPlan) -> GateResult:
-    """The Great Expectations suite over the whole step table; no retries: a failed gate fails again."""
-    rows = [step_row(s.index, s.percent, s.canary, s.stable, s.baseline_step) for s in steps]
-    result = GateSuite(plan.suite).validate(rows)
-    create_table_artifact(key="canary-steps", table=rows, description="per-step metrics, canary vs stable")
+    """The Great Expectations suite over the whole judge table; no retries: a failed gate fails again."""
+    result = GateSuite(plan.suite).validate(judge_table(steps))
+    create_table_artifact(key="canary-steps", description="per-step figures, canary vs stable",
+                          table=[step_row(s.index, s.percent, s.canary, s.stable, s.baseline_step) for s in steps])
     create_markdown_artifact(key="canary-gates", markdown=(
         f"### Canary gates: {'pass' if result.success else 'FAIL'}\n\n"
         + ("\n".join(f"- {f}" for f in result.failed) or "every expectation met")

@@ -1,7 +1,8 @@
-"""Canary gates: a Great Expectations suite (data, in deployments/expectations/) run on the step table.
+"""Canary gates: a Great Expectations suite (data, in deployments/expectations/) run on the judge table.
 
-Each row is one step, the canary's figures beside its stable baseline, plus comparison columns the
-suite's thresholds apply to, so every threshold lives in the suite file and not in code.
+Each row is one metric of one step: the judge's verdict, its estimate and confidence bounds, the p-value and
+the alpha it was tested at (engine/canary/judge.py). The suite is the declared gate: what must hold of those
+rows for a step to pass. `step_row` builds the figures table (canary beside stable) shown to people.
 """
 
 from __future__ import annotations
@@ -70,7 +71,10 @@ class GateSuite:
     def validate(self, rows: list[dict]) -> GateResult:
         import pandas as pd
 
-        frame = pd.DataFrame(rows).astype({k: "float64" for k in rows[0] if k not in ("step", "baseline_step")})
+        frame = pd.DataFrame(rows)
+        numeric = [k for k in frame.columns if all(v is None or (isinstance(v, (int, float)) and not isinstance(v, bool))
+                                                   for v in frame[k])]
+        frame = frame.astype({k: "float64" for k in numeric})  # None -> NaN, which the suite's not-null checks see
         result = self._batches.get_batch(batch_parameters={"dataframe": frame}).validate(self.suite)
         failed = [_describe(r) for r in result.results if not r.success]
         return GateResult(success=bool(result.success), failed=failed, validation=result.to_json_dict())

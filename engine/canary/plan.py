@@ -7,19 +7,21 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from engine.canary.judge import JudgeConfig
+
 DEFAULT_SUITE = Path(__file__).resolve().parents[2] / "deployments" / "expectations" / "canary.json"
 
 
 class CanaryStep(BaseModel):
-    """One traffic share and its hold: the step passes once both the time and the request count are reached."""
+    """One traffic share and its hold: the step passes when the judge passes every metric, after `hold_s` (or
+    before, on confidence bounds clear of the margins); it rolls back on a failed metric at once, or at
+    `max_hold_s` when a metric is still inconclusive."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     percent: float = Field(gt=0, le=100, description="canary share of the two groups' traffic, in percent")
-    hold_s: float = Field(60.0, gt=0, description="seconds the step is held while its gates keep passing")
-    min_requests: int = Field(100, ge=1, description="canary requests in the step before its gates are judged "
-                              "(a p99 over fewer than ~100 requests is close to their maximum)")
-    max_hold_s: float = Field(600.0, gt=0, description="roll back if min_requests is not reached by then")
+    hold_s: float = Field(60.0, gt=0, description="least seconds the step is held before it passes on the horizon")
+    max_hold_s: float = Field(600.0, gt=0, description="roll back if a metric is still inconclusive by then")
 
     @model_validator(mode="after")
     def _max_after_hold(self) -> "CanaryStep":
@@ -35,8 +37,9 @@ class CanaryPlan(BaseModel):
         default_factory=lambda: [CanaryStep(percent=p) for p in (5, 25, 50, 100)],
         description="increasing canary shares ending at 100; a bare number is a step with the default hold",
     )
-    check_interval_s: float = Field(1.0, gt=0, description="how often the gates are evaluated during a hold")
-    suite: Path = Field(DEFAULT_SUITE, description="Great Expectations suite (JSON) run on the step table")
+    check_interval_s: float = Field(1.0, gt=0, description="how often the judge looks during a hold")
+    judge: JudgeConfig = Field(default_factory=JudgeConfig, description="allowed degradations, alpha, samples, horizon")
+    suite: Path = Field(DEFAULT_SUITE, description="Great Expectations suite (JSON) run on the judge table")
     on_promote: Literal["park", "remove"] = Field(
         "park", description="the stable group after promotion: drained and parked in the warm pool (Standby) when the "
                             "rollout runs on a group set, left registered at weight 0 with only a router; or drained and removed")

@@ -1,7 +1,8 @@
-"""The canary controller: shift traffic step by step, gate each hold, promote or roll back.
+"""The canary controller: shift traffic step by step, judge each hold, promote or roll back.
 
-During a hold the gates run every `check_interval_s` once the canary has `min_requests` in the
-step, so a failing canary is rolled back within one hold period, at the first step that fails.
+During a hold the judge (engine/canary/judge.py) looks every `check_interval_s` at the step's per-request
+samples of both groups, so a failing canary is rolled back as soon as the evidence is clear, at the first
+step that fails. The step ends with the Great Expectations suite run on the judge table: the declared gate.
 Only the two groups' weights are touched; a group leaving traffic is drained before it is parked or removed.
 """
 
@@ -14,9 +15,12 @@ from typing import Any, Callable, Literal, Protocol
 from pydantic import BaseModel, Field
 
 from engine.canary.gates import GateResult, GateSuite, step_row
+from engine.canary.judge import MetricVerdict, Samples, SequentialJudge, step_verdict
 from engine.canary.metrics import GroupFigures, MetricsSource
 from engine.canary.plan import CanaryPlan, CanaryStep
+from engine.canary.samples import RouterSamples
 from engine.errors import TideflowError
+from engine.router.samples import Sample
 
 log = logging.getLogger(__name__)
 
@@ -33,12 +37,21 @@ class StepReport(BaseModel):
     percent: float
     started_at: float = Field(description="unix time the weights were set")
     elapsed_s: float = Field(description="seconds from the weight change to the step's verdict")
-    checks: int = Field(description="gate evaluations during the hold")
-    canary: GroupFigures
+    checks: int = Field(description="looks of the judge during the hold")
+    canary: GroupFigures = Field(description="the canary's figures over the step (for people: the judge reads samples)")
     stable: GroupFigures
-    baseline_step: int = Field(description="step whose stable figures the canary was compared with")
+    baseline_step: int = Field(description="step whose stable samples the canary was judged against")
+    verdicts: list[MetricVerdict] = Field(default_factory=list, description="the judge's last look, one row per metric")
+    baseline_samples: list[Sample] = Field(default_factory=list, repr=False,
+                                           description="the stable samples judged against (the next step may need them)")
     passed: bool
-    gate: GateResult | None = Field(None, description="the last gate evaluation (None if never judged)")
+    gate: GateResult | None = Field(None, description="the suite run on the judge table at the step's end")
+
+    def failures(self) -> str:
+        """Why the step failed, in words: the judge's metrics that did not pass, then the suite's failures."""
+        bad = [f"{v.metric} {v.verdict} ({v.why}" + (f"; shift {v.estimate:+.1%}" if v.estimate is not None and v.metric != "errors" else "")
+               + f"; {v.canary_n} canary / {v.baseline_n} baseline samples)" for v in self.verdicts if v.verdict != "pass"]
+        return "; ".join(bad + (self.gate.failed if self.gate else [])) or "no verdict"
 
 
 class CanaryReport(BaseModel):
@@ -53,8 +66,16 @@ class CanaryReport(BaseModel):
                                            "not parked yet because it still had open requests)")
 
     def table(self) -> list[dict]:
-        """The step table the gates judged (one row per step)."""
+        """The judge table the suite ran on (one row per step and metric)."""
+        return judge_table(self.steps)
+
+    def figures(self) -> list[dict]:
+        """Canary and stable figures per step (requests, error rate, p99s, throughput), for people."""
         return [step_row(s.index, s.percent, s.canary, s.stable, s.baseline_step) for s in self.steps]
+
+
+def judge_table(steps: list[StepReport]) -> list[dict]:
+    return [v.model_dump() for s in steps for v in s.verdicts]
 
 
 class CanaryEvent(BaseModel):
@@ -99,9 +120,10 @@ def _verbs(target: Target) -> tuple[RouterVerbs, FleetVerbs | None]:
     return admin, (target if hasattr(target, "park") and hasattr(target, "delete") else None)
 
 
-def run_canary(target: Target, stable: str, canary: str, plan: CanaryPlan, source: MetricsSource,
+def run_canary(target: Target, stable: str, canary: str, plan: CanaryPlan, source: MetricsSource, samples_key: str,
                progress: Progress | None = None) -> CanaryReport:
-    """Roll `canary` out over `stable` in `target` (the controller, a group set, or just a router) following `plan`."""
+    """Roll `canary` out over `stable` in `target` (the controller, a group set, or just a router) following `plan`;
+    `samples_key` is a client key of the router (its /samples, like /metrics, takes one)."""
     admin, _ = _verbs(target)
     names = {g["name"] for g in admin.groups()}
     missing = sorted({stable, canary} - names)
@@ -110,8 +132,9 @@ def run_canary(target: Target, stable: str, canary: str, plan: CanaryPlan, sourc
     notify = progress or (lambda event: None)
     gates = GateSuite(plan.suite)
     steps: list[StepReport] = []
+    samples = RouterSamples(admin.url, samples_key, [stable, canary])
     try:
-        decision, reason = _steps(admin, stable, canary, plan, source, gates, steps, notify)
+        decision, reason = _steps(admin, stable, canary, plan, source, samples, gates, steps, notify)
     except Exception as exc:
         try:
             shift_weights(admin, stable, canary, 0.0)
@@ -119,20 +142,20 @@ def run_canary(target: Target, stable: str, canary: str, plan: CanaryPlan, sourc
             raise CanaryError(f"rollout of {canary} interrupted ({exc}) and the rollback failed too: {again}; "
                               f"set the weights by hand") from exc
         raise CanaryError(f"rollout of {canary} interrupted, back to {stable} at 100 %: {exc}") from exc
+    finally:
+        samples.close()
     return conclude(target, admin, stable, canary, plan, steps, decision, reason, gates, notify)
 
 
-def _steps(admin: RouterVerbs, stable: str, canary: str, plan: CanaryPlan, source: MetricsSource, gates: GateSuite,
-           steps: list[StepReport], notify: Progress) -> tuple[Decision, str]:
+def _steps(admin: RouterVerbs, stable: str, canary: str, plan: CanaryPlan, source: MetricsSource,
+           samples: RouterSamples, gates: GateSuite, steps: list[StepReport], notify: Progress) -> tuple[Decision, str]:
     """Hold every step in turn (appending to `steps`); the decision and why, at the first failing step."""
     for index, step in enumerate(plan.steps):
         shift_weights(admin, stable, canary, step.percent)
-        report = hold_step(admin, stable, canary, index, step, plan, source, gates, steps, notify)
+        report = hold_step(stable, canary, index, step, plan, source, samples, gates, steps, notify)
         steps.append(report)
         if not report.passed:
-            why = "; ".join(report.gate.failed) if report.gate else \
-                f"only {report.canary.requests:.0f} canary requests within {step.max_hold_s:g}s (need {step.min_requests})"
-            return "rolled_back", f"step {index} ({step.percent:g} %) failed: {why}"
+            return "rolled_back", f"step {index} ({step.percent:g} %) failed: {report.failures()}"
         notify(CanaryEvent(kind="step_passed", step=index, percent=step.percent, canary=report.canary, stable=report.stable))
     return "promoted", f"every step passed its gates ({len(steps)} steps)"
 
@@ -141,41 +164,50 @@ def shift_weights(admin: RouterVerbs, stable: str, canary: str, percent: float) 
     admin.set_weights({canary: percent, stable: 100.0 - percent})
 
 
-def hold_step(admin: RouterVerbs, stable: str, canary: str, index: int, step: CanaryStep, plan: CanaryPlan,
-          source: MetricsSource, gates: GateSuite, done: list[StepReport], notify: Progress) -> StepReport:
-    """Judge the step's window (its weights already set) until the hold passes or a gate fails."""
+def hold_step(stable: str, canary: str, index: int, step: CanaryStep, plan: CanaryPlan, source: MetricsSource,
+              samples: RouterSamples, gates: GateSuite, done: list[StepReport], notify: Progress) -> StepReport:
+    """Judge the step (its weights already set) until every metric passes, one fails, or max_hold_s runs out;
+    then run the suite on the judge table (the earlier steps' rows and this one's)."""
     started_at, t0 = time.time(), time.monotonic()
     notify(CanaryEvent(kind="step_started", step=index, percent=step.percent,
                        message=f"{canary} {step.percent:g} %, {stable} {100 - step.percent:g} %"))
     start = source.mark()
+    samples.start()
+    judge = SequentialJudge(plan.judge, index)
     checks = 0
     while True:
         time.sleep(plan.check_interval_s)
-        figures = source.figures(start, source.mark(), [stable, canary])
+        samples.fetch()
         elapsed = time.monotonic() - t0
-        c, s = figures[canary], figures[stable]
-        baseline, baseline_step = _baseline(s, index, step, done)
-        if c.requests < step.min_requests:
-            if elapsed >= step.max_hold_s:
-                return StepReport(index=index, percent=step.percent, started_at=started_at, elapsed_s=elapsed,
-                                  checks=checks, canary=c, stable=baseline, baseline_step=baseline_step, passed=False)
-            continue
-        rows = [step_row(r.index, r.percent, r.canary, r.stable, r.baseline_step) for r in done]
-        gate = gates.validate(rows + [step_row(index, step.percent, c, baseline, baseline_step)])
+        baseline, baseline_step = _baseline(samples.by_group.get(stable, []), index, plan, done)
+        verdicts = judge.look(samples.of(canary), Samples.of(baseline))
+        if baseline_step != index:  # no concurrent baseline (100 %): the canary carries more load than the
+            verdicts = [v for v in verdicts if v.metric == "errors"]  # stable did then; only errors compare
         checks += 1
-        notify(CanaryEvent(kind="checked", step=index, percent=step.percent, canary=c, stable=baseline,
-                           message="pass" if gate.success else "; ".join(gate.failed)))
-        if not gate.success or elapsed >= step.hold_s:
-            return StepReport(index=index, percent=step.percent, started_at=started_at, elapsed_s=elapsed, checks=checks,
-                              canary=c, stable=baseline, baseline_step=baseline_step, passed=gate.success, gate=gate)
+        overall = step_verdict(verdicts)
+        notify(CanaryEvent(kind="checked", step=index, percent=step.percent,
+                           message=f"{overall}: " + ", ".join(f"{v.metric} {v.verdict}" for v in verdicts)))
+        ended = (overall == "fail" or elapsed >= step.max_hold_s
+                 or (overall == "pass" and (elapsed >= step.hold_s or all(v.clear for v in verdicts))))
+        if not ended:
+            continue
+        figures = source.figures(start, source.mark(), [stable, canary])
+        report = StepReport(index=index, percent=step.percent, started_at=started_at, elapsed_s=elapsed, checks=checks,
+                            canary=figures[canary], stable=figures[stable], baseline_step=baseline_step,
+                            verdicts=verdicts, baseline_samples=baseline, passed=False)
+        report.gate = gates.validate(judge_table([*done, report]))
+        report.passed = report.gate.success
+        return report
 
 
-def _baseline(stable: GroupFigures, index: int, step: CanaryStep, done: list[StepReport]) -> tuple[GroupFigures, int]:
-    """The stable figures of this step, or (when it got too little traffic, as at 100 %) of the latest step that had them."""
-    if stable.requests >= step.min_requests or not done:
+def _baseline(stable: list[Sample], index: int, plan: CanaryPlan, done: list[StepReport]) -> tuple[list[Sample], int]:
+    """The stable samples of this step, or (when it got too few, as at 100 %) those of the latest step that had
+    them. Latency is judged only against a concurrent baseline: at 100 % the canary serves the load both groups
+    shared before, so its latency against an earlier baseline would measure the load, not the version."""
+    if len(stable) >= plan.judge.min_samples or not done:
         return stable, index
     last = done[-1]
-    return last.stable, last.baseline_step
+    return last.baseline_samples, last.baseline_step
 
 
 def conclude(target: Target, admin: RouterVerbs, stable: str, canary: str, plan: CanaryPlan, steps: list[StepReport],

@@ -12,7 +12,7 @@ from contextlib import asynccontextmanager
 import httpx
 from typing import Annotated
 
-from fastapi import Depends, FastAPI, Path, Request
+from fastapi import Depends, FastAPI, Path, Query, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, Field, ValidationError
@@ -25,6 +25,7 @@ from engine.router.metrics import RouterMetrics
 from engine.router.prompt import PromptPreparer
 from engine.router.proxy import Proxy
 from engine.router.ratelimit import RateLimiter
+from engine.router.samples import SamplePage
 from engine.router.sync import ROUTES_KEY_ENV, ControllerSync
 from engine.router.registry import GROUP_NAME_PATTERN, GroupName, GroupRegistration, Registry, Weight
 from engine.server.auth import BearerAuth, publish_openapi
@@ -34,6 +35,7 @@ from engine.server.protocol import ChatCompletionRequest, CompletionRequest, Mod
 
 UPSTREAM_KEY_ENV = "TIDEFLOW_UPSTREAM_API_KEY"
 ADMIN_KEYS_ENV = "TIDEFLOW_ADMIN_KEYS"
+MAX_SAMPLES_PAGE = 20_000
 
 
 class RouterConfigError(TideflowError):
@@ -117,6 +119,13 @@ def create_router_app(config: RouterConfig, api_keys: list[str], admin_keys: lis
     async def prom() -> Response:
         metrics.refresh(registry.groups())
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/samples", dependencies=[Depends(auth)])
+    async def samples(after: Annotated[int, Query(ge=0)] = 0,
+                      group: Annotated[list[str] | None, Query(max_length=64)] = None,
+                      limit: Annotated[int, Query(ge=0, le=MAX_SAMPLES_PAGE)] = MAX_SAMPLES_PAGE) -> SamplePage:
+        """Per-request outcomes numbered above `after`, of the named groups (all by default), oldest first."""
+        return metrics.samples.page(after, set(group) if group else None, limit)
 
     @app.get("/v1/models", dependencies=[Depends(client_key)])
     async def models() -> ModelList:

@@ -4,13 +4,17 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from engine.router.samples import SampleLog
 from engine.server.metrics import LATENCY_BUCKETS
 
 LABELS = ("group", "version")
 
 
 class RouterMetrics:
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+    """The counters and histograms Prometheus scrapes, and the per-request samples the canary judge reads."""
+
+    def __init__(self, registry: CollectorRegistry | None = None, samples: SampleLog | None = None) -> None:
+        self.samples = samples if samples is not None else SampleLog()
         r = self.registry = registry if registry is not None else CollectorRegistry()
         self._requests = Counter("tideflow_router_requests_total", "client requests by group, version and outcome",
                                  (*LABELS, "status"), registry=r)
@@ -39,10 +43,18 @@ class RouterMetrics:
     def migrations(self, group, reason: str):
         return self._migrations.labels(group.reg.name, group.reg.version, reason)
 
+    def failed_attempt(self, group) -> None:
+        """A try on `group` that failed before any token (an engine 5xx, a refused connection): the request
+        moves on to another group, and the judge counts an error against this one."""
+        self.samples.add(group.reg.name, group.reg.version, ok=False)
+
     def observe(self, group, status: str, meter) -> None:
         labels = (group.reg.name, group.reg.version)
         self._requests.labels(*labels, status).inc()
-        if status != "ok":
+        ok = status == "ok"
+        self.samples.add(*labels, ok=ok, ttft=meter.ttft if ok else None, tpot=meter.tpot if ok else None,
+                         e2e=meter.end - meter.t0 if ok and meter.end is not None else None)
+        if not ok:
             return
         if meter.ttft is not None:
             self._ttft.labels(*labels).observe(meter.ttft)

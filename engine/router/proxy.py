@@ -132,6 +132,7 @@ class Proxy:
             except UpstreamFailed as exc:
                 group.inflight -= 1
                 last = str(exc)
+                self.metrics.failed_attempt(group)
                 if not group.routable and time.monotonic() < wait_until:
                     attempt -= 1  # its member is gone (ejected): that try says nothing of the other groups
             except UpstreamRejected:

@@ -5,9 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from engine.canary import CanaryPlan, CanaryStep
+from engine.canary.judge import JudgeConfig
 from engine.control.client import ControlClient
 from flows.drills import FaultDrillParams, LoadDrillParams
-from flows.release import SMALL_SAMPLE_SUITE, ReleaseParams, release
+from flows.release import ReleaseParams, release
 from kernels.spec import BuildRequest
 
 REPO = Path(__file__).resolve().parents[2]
@@ -17,8 +18,8 @@ def test_release_promotes_the_new_version_and_drills_it(flow_home):
     params = ReleaseParams(
         kernels=BuildRequest(target="all", arch="native", bench_iters=2),
         spec_file=REPO / "deployments" / "groups" / "tiny-pd.yaml",
-        plan=CanaryPlan(steps=[CanaryStep(percent=p, hold_s=3, min_requests=3, max_hold_s=60) for p in (25, 100)],
-                        suite=SMALL_SAMPLE_SUITE, drain_s=5),
+        plan=CanaryPlan(steps=[CanaryStep(percent=p, hold_s=3, max_hold_s=90) for p in (25, 100)],
+                        judge=JudgeConfig(horizon=30), drain_s=5),
         canary_traffic_rps=6.0,
         load=LoadDrillParams(steps=[1.0, 2.0], hold_s=3.0, output_len="fixed:8"),
         fault=FaultDrillParams(repeats=1, rate=2.0, duration_s=3.0, standby=True),

@@ -27,7 +27,6 @@ from engine.group.manager import GroupState
 from engine.group.spec import InferenceGroup
 from engine.process import free_port, start_service, tideflow_argv
 from engine.scaling.policy import Bounds
-from flows.release import SMALL_SAMPLE_SUITE
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
@@ -50,8 +49,8 @@ def served(tideflow_home, controller, tmp_path_factory):
         deployment.pop("schedules", None)
     (canary,) = [d for d in shipped["deployments"] if d["name"] == "canary-release"]
     canary["triggers"][0]["parameters"]["params"]["plan"] = {
-        "steps": [{"percent": p, "hold_s": 3, "min_requests": 3, "max_hold_s": 90} for p in (50, 100)],
-        "suite": str(SMALL_SAMPLE_SUITE), "drain_s": 5}
+        "steps": [{"percent": p, "hold_s": 3, "max_hold_s": 120} for p in (50, 100)],
+        "judge": {"horizon": 30}, "drain_s": 5}
     prefect_file = tmp_path_factory.mktemp("prefect") / "prefect.yaml"
     prefect_file.write_text(yaml.safe_dump(shipped, sort_keys=False))
     port = free_port()

@@ -13,9 +13,9 @@ def test_default_plan_is_the_issue_s_steps():
 
 
 def test_bare_numbers_become_steps_with_the_default_hold():
-    plan = CanaryPlan(steps=[10, {"percent": 100, "hold_s": 5, "min_requests": 3, "max_hold_s": 9}])
+    plan = CanaryPlan(steps=[10, {"percent": 100, "hold_s": 5, "max_hold_s": 9}])
     assert plan.steps[0] == CanaryStep(percent=10)
-    assert plan.steps[1].hold_s == 5 and plan.steps[1].min_requests == 3
+    assert plan.steps[1].hold_s == 5 and plan.steps[1].max_hold_s == 9
 
 
 @pytest.mark.parametrize("steps, words", [

@@ -1,0 +1,151 @@
+"""The canary judge against today's threshold gates, on seeded synthetic canaries whose truth is known.
+
+    python benchmarks/canary_judge.py [--runs 2000] [--seed 0]
+
+Each run is one canary step: requests arrive, a share `canary_share` of them to the canary, and both sides
+are judged every `look_every` canary requests, as a hold checks every second. Latencies are log-normal
+(TTFT median 150 ms, sigma 0.5; TPOT median 20 ms, sigma 0.3; end-to-end = TTFT + TPOT x 32-256 output
+tokens), errors Bernoulli. Scenarios:
+  good   : canary = baseline                          -> rolled back (false rollback) in how many runs
+  good, 1 % errors: both sides fail 1 % of requests   -> the same, with the error test at its H0 boundary
+  slow   : canary TTFT x 1.3 (every quantile)        -> caught within 200 canary requests in how many
+  errors : canary 2 % errors, baseline 0 %           -> caught within 300 canary requests in how many
+The threshold gates are those of the suite shipped before the judge (deployments/expectations/canary.json at
+the time): once the canary has `min_requests` (100) requests, fail at any check where TTFT or TPOT p99 exceeds
+1.2x the baseline's or the error rate exceeds the baseline's by 0.5 percentage points (exact p99s, kinder to
+them than the histogram quantiles they read).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+from pydantic import BaseModel, Field
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import print_table  # noqa: E402
+
+from engine.canary.judge import JudgeConfig, Samples, SequentialJudge, step_verdict  # noqa: E402
+
+
+class Scenario(BaseModel):
+    name: str
+    ttft_factor: float = 1.0
+    error_rate: float = 0.0
+    baseline_error_rate: float = 0.0
+    canary_share: float = Field(0.05, gt=0, lt=1, description="the step's canary share of the traffic")
+    canary_requests: int = Field(400, description="the run ends here (the verdict, or inconclusive)")
+
+
+SCENARIOS = {
+    "good": Scenario(name="good", canary_requests=400),
+    "good, 1 % errors": Scenario(name="good, 1 % errors", error_rate=0.01, baseline_error_rate=0.01, canary_requests=400),
+    "slow": Scenario(name="slow", ttft_factor=1.3, canary_requests=200),
+    "errors": Scenario(name="errors", error_rate=0.02, canary_requests=300),
+}
+THRESHOLD_MIN_REQUESTS = 100
+THRESHOLD_P99_RATIO = 1.2
+THRESHOLD_ERROR_EXCESS_PP = 0.5
+
+
+def synthetic(rng: np.random.Generator, n: int, ttft_factor: float, error_rate: float) -> Samples:
+    ttft = 0.15 * ttft_factor * rng.lognormal(0.0, 0.5, n)
+    tpot = 0.02 * rng.lognormal(0.0, 0.3, n)
+    e2e = ttft + tpot * rng.integers(32, 257, n)
+    ok = rng.random(n) >= error_rate
+    return Samples(ok, ttft, tpot, e2e)
+
+
+def threshold_gates(canary: Samples, baseline: Samples) -> str:
+    """Today's gates at one check: 'fail', 'pass', or 'inconclusive' below their minimum request count."""
+    if len(canary) < THRESHOLD_MIN_REQUESTS:
+        return "inconclusive"
+    excess = 100.0 * ((~canary.ok).mean() - (~baseline.ok).mean())
+    if excess > THRESHOLD_ERROR_EXCESS_PP:
+        return "fail"
+    for metric in ("ttft", "tpot"):
+        c, b = canary.latencies(metric), baseline.latencies(metric)
+        if len(c) and len(b) and np.percentile(c, 99) > THRESHOLD_P99_RATIO * np.percentile(b, 99):
+            return "fail"
+    return "pass"
+
+
+class RunResult(BaseModel):
+    judge: str = Field(description="fail, pass or inconclusive at the end of the run")
+    judge_at: int = Field(description="canary requests when the judge decided (the run's length if it did not)")
+    thresholds: str
+    thresholds_at: int
+
+
+def run_once(s: Scenario, config: JudgeConfig, rng: np.random.Generator, look_every: int = 10) -> RunResult:
+    n = s.canary_requests
+    m = int(np.ceil(n * (1 - s.canary_share) / s.canary_share))
+    canary = synthetic(rng, n, s.ttft_factor, s.error_rate)
+    baseline = synthetic(rng, m, 1.0, s.baseline_error_rate)
+    judge = SequentialJudge(config)
+    result: dict = {}
+    for seen in range(look_every, n + 1, look_every):
+        base_seen = int(seen * (1 - s.canary_share) / s.canary_share)
+        c, b = canary.head(seen), baseline.head(base_seen)
+        if "judge" not in result:
+            verdict = step_verdict(judge.look(c, b, bounds=False))
+            if verdict != "inconclusive":
+                result.update(judge=verdict, judge_at=seen)
+        if "thresholds" not in result and threshold_gates(c, b) == "fail":
+            result.update(thresholds="fail", thresholds_at=seen)
+        if "judge" in result and "thresholds" in result:
+            break
+    result.setdefault("judge", "inconclusive")
+    result.setdefault("judge_at", n)
+    result.setdefault("thresholds", "pass")
+    result.setdefault("thresholds_at", n)
+    return RunResult(**result)
+
+
+class ScenarioRates(BaseModel):
+    scenario: str
+    runs: int
+    judge_fail: float = Field(description="share of runs the judge rolled back (failed)")
+    judge_pass: float
+    judge_median_at: float = Field(description="median canary requests at the judge's verdict")
+    thresholds_fail: float
+
+
+def simulate(s: Scenario, runs: int, seed: int, config: JudgeConfig | None = None) -> ScenarioRates:
+    config = config or JudgeConfig()
+    rng = np.random.default_rng(seed)
+    results = [run_once(s, config, rng) for _ in range(runs)]
+    return ScenarioRates(scenario=s.name, runs=runs,
+                         judge_fail=float(np.mean([r.judge == "fail" for r in results])),
+                         judge_pass=float(np.mean([r.judge == "pass" for r in results])),
+                         judge_median_at=float(np.median([r.judge_at for r in results])),
+                         thresholds_fail=float(np.mean([r.thresholds == "fail" for r in results])))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", type=int, default=2000)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--share", type=float, nargs="+", default=[0.05, 0.25], help="canary shares of the traffic")
+    args = ap.parse_args()
+    rows = []
+    for share in args.share:
+        for i, s in enumerate(SCENARIOS.values()):
+            t0 = time.perf_counter()
+            r = simulate(s.model_copy(update={"canary_share": share}), args.runs, args.seed + i)
+            wanted = "<= 5 %" if s.name.startswith("good") else ">= 95 %"
+            rows.append([f"{s.name} @ {share:.0%}", f"{s.canary_requests}", f"{100 * r.judge_fail:.1f} %",
+                         f"{r.judge_median_at:.0f}", f"{100 * r.thresholds_fail:.1f} %", wanted,
+                         f"{time.perf_counter() - t0:.0f}s"])
+    print(f"{args.runs} seeded runs per row; rolled back = the step failed within the canary requests shown")
+    print_table(["scenario @ canary share", "canary requests", "judge: rolled back", "judge: median requests to verdict",
+                 "threshold gates: rolled back", "wanted", "time"], rows)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,311 @@
+"""The canary judge: per-request samples of the canary and its stable baseline -> a verdict per metric, with
+its evidence, valid however often the judge looks during a hold.
+
+- Latency (TTFT, TPOT, end-to-end): Mann-Whitney U on log latency, so the shift is relative and a rank test
+  needs no distribution; the Hodges-Lehmann estimate of the shift (median of the pairwise differences) and
+  its distribution-free confidence bounds (order statistics of those differences). "fail" when the lower
+  bound lies above the allowed degradation, "pass" when the upper bound lies below it.
+- Errors (router errors, timeouts, and 5xx answers retried elsewhere): an exact conditional binomial test of
+  H0 "canary rate <= error_ratio x baseline rate": given x errors in all, the canary's share of them is
+  Binomial(x, n_c r / (n_c r + n_b)) under H0. 0 baseline errors against 3 canary errors is judged by its
+  probability, not by an undefined ratio. "pass" early when the canary rate's exact (Clopper-Pearson) upper
+  bound is within `error_excess` of the baseline rate.
+- Sequential stopping by alpha spending (Lan-DeMets): the error test gets `error_alpha_share` of alpha, each
+  latency metric a third of the rest, spent over the information
+  fraction t = canary requests / horizon by the Pocock-type function a ln(1 + (e - 1) t). At each look the
+  boundary is the one whose crossing probability, for a test statistic that moves as Brownian motion in t
+  (as a rank statistic's z does) and has not crossed at an earlier look, equals the alpha spent since; it is
+  found by propagating the statistic's density on a grid from look to look. So however often and whenever the
+  judge looks, the chance that a canary exactly at the allowed degradation fails a metric in a step stays within
+  that metric's share of alpha,
+  without the loss of a Bonferroni split over looks. At the horizon the verdict is final: "pass" when
+  nothing failed.
+- No data, no pass: a metric with fewer than `min_samples` on either side is "inconclusive".
+
+Normal approximations (the U statistic's null distribution) are good from about 20 samples a side, which is
+why `min_samples` defaults to 20.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+from scipy import stats
+
+from engine.router.samples import Sample
+
+Verdict = Literal["pass", "fail", "inconclusive"]
+LATENCY_METRICS = ("ttft", "tpot", "e2e")
+METRICS = (*LATENCY_METRICS, "errors")
+
+
+class JudgeConfig(BaseModel):
+    """How much degradation a canary may show, and the false-rollback budget of one step."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    alpha: float = Field(0.05, gt=0, lt=0.5, description="chance that a canary exactly at the allowed degradation is "
+                                                           "rolled back in one step, all metrics together")
+    error_alpha_share: float = Field(0.3, gt=0, lt=1, description="the error test's share of alpha; the three latency "
+                                                                  "metrics split the rest (rare errors need the larger share)")
+    ttft_margin: float = Field(0.10, ge=0, description="allowed relative TTFT degradation (0.10: 10 % slower)")
+    tpot_margin: float = Field(0.10, ge=0, description="allowed relative TPOT degradation")
+    e2e_margin: float = Field(0.10, ge=0, description="allowed relative end-to-end latency degradation")
+    error_ratio: float = Field(1.0, ge=1, description="H0 of the error test: canary error rate <= this x the baseline's")
+    error_excess: float = Field(0.01, gt=0, lt=1, description="an early error pass needs the canary rate's upper "
+                                                              "bound within this of the baseline rate")
+    min_samples: int = Field(20, ge=5, description="samples per side before a metric can pass (fewer: inconclusive)")
+    horizon: int = Field(300, ge=20, description="canary samples over which a step's alpha is spent; the verdict "
+                                                 "is final there")
+
+    def margin(self, metric: str) -> float:
+        return getattr(self, f"{metric}_margin")
+
+
+@dataclass(frozen=True)
+class Samples:
+    """One side's samples as arrays (NaN where a latency was not measured): what the judge computes on."""
+
+    ok: np.ndarray
+    ttft: np.ndarray
+    tpot: np.ndarray
+    e2e: np.ndarray
+
+    @classmethod
+    def of(cls, samples: list[Sample]) -> "Samples":
+        def col(name: str) -> np.ndarray:
+            return np.array([math.nan if getattr(s, name) is None else getattr(s, name) for s in samples], dtype=float)
+
+        return cls(np.array([s.ok for s in samples], dtype=bool), col("ttft"), col("tpot"), col("e2e"))
+
+    def __len__(self) -> int:
+        return len(self.ok)
+
+    def head(self, n: int) -> "Samples":
+        return Samples(self.ok[:n], self.ttft[:n], self.tpot[:n], self.e2e[:n])
+
+    def latencies(self, metric: str) -> np.ndarray:
+        """The metric's values of the successful requests that measured it."""
+        values = getattr(self, metric)
+        return values[self.ok & ~np.isnan(values)]
+
+
+class MetricVerdict(BaseModel):
+    """One row of the judge table: a metric's verdict in a step and what it rests on."""
+
+    step: int
+    metric: str
+    verdict: Verdict
+    why: str = Field(description="what decided it")
+    clear: bool = Field(False, description="the verdict rests on a confidence bound clear of the margin, so the step "
+                                           "may end on it before its hold time")
+    canary_n: int
+    baseline_n: int
+    estimate: float | None = Field(None, description="latency: Hodges-Lehmann relative shift (0.3 = 30 % slower); "
+                                                     "errors: canary rate - baseline rate")
+    ci_low: float | None = Field(None, description="lower confidence bound of the estimate at this look's level")
+    ci_high: float | None = Field(None, description="upper confidence bound of the estimate at this look's level")
+    margin: float = Field(description="allowed degradation (relative for latency, the rate ratio for errors)")
+    p_value: float | None = Field(None, description="one-sided p of H0 'no worse than allowed'")
+    alpha_look: float = Field(description="the level this look tested at")
+    alpha_spent: float = Field(description="alpha spent on this metric in the step so far")
+
+
+def spending(alpha: float, t: float) -> float:
+    """Pocock-type (Lan-DeMets) spending: alpha spent by information fraction t in [0, 1]."""
+    return alpha * math.log(1.0 + (math.e - 1.0) * min(max(t, 0.0), 1.0))
+
+
+_GRID = np.linspace(-8.0, 8.0, 801)  # the statistic S_t ~ N(0, t), t <= 1, in units of its end sd
+_STEP = float(_GRID[1] - _GRID[0])
+
+
+@functools.lru_cache(maxsize=4096)
+def _boundary(alpha: float, looks: tuple[float, ...]) -> tuple[float, np.ndarray]:
+    """The z boundary of the last of `looks` (information fractions, increasing) and the density on _GRID of
+    the statistic's paths that crossed none of them, under H0 (shift exactly at the margin)."""
+    t = looks[-1]
+    spend = spending(alpha, t) - spending(alpha, looks[-2] if len(looks) > 1 else 0.0)
+    if len(looks) == 1:
+        c = float(stats.norm.isf(spend))
+        density = stats.norm.pdf(_GRID, scale=math.sqrt(t))
+    else:
+        _, before = _boundary(alpha, looks[:-1])
+        dt = t - looks[-2]
+        sd = math.sqrt(dt)
+        mass = before * _STEP
+
+        def crossing(z: float) -> float:
+            return float(mass @ stats.norm.sf((z * math.sqrt(t) - _GRID) / sd))
+
+        lo, hi = -2.0, 12.0
+        for _ in range(50):  # crossing() falls as z rises
+            mid = 0.5 * (lo + hi)
+            if crossing(mid) > spend:
+                lo = mid
+            else:
+                hi = mid
+        c = hi
+        density = stats.norm.pdf((_GRID[:, None] - _GRID[None, :]) / sd) @ mass / sd
+    density = np.where(_GRID < c * math.sqrt(t), density, 0.0)
+    return c, density
+
+
+def look_level(alpha: float, looks: tuple[float, ...]) -> float:
+    """The nominal one-sided level a test uses at the last of `looks` (its boundary as a tail probability)."""
+    rounded = tuple(round(t, 6) for t in looks)
+    return float(stats.norm.sf(_boundary(alpha, rounded)[0]))
+
+
+def _kth_difference(x: np.ndarray, y_sorted: np.ndarray, k: int) -> float:
+    """The k-th smallest (1-based) of the pairwise differences x_i - y_j, by bisection on counts."""
+    lo, hi = float(x.min() - y_sorted[-1]), float(x.max() - y_sorted[0])
+    for _ in range(60):
+        mid = 0.5 * (lo + hi)
+        if _count_at_most(x, y_sorted, mid) >= k:
+            hi = mid
+        else:
+            lo = mid
+        if hi - lo <= 1e-9 * max(1.0, abs(hi)):
+            break
+    return hi
+
+
+def _count_at_most(x: np.ndarray, y_sorted: np.ndarray, d: float) -> int:
+    """#{(i, j): x_i - y_j <= d}."""
+    return int(len(y_sorted) * len(x) - np.searchsorted(y_sorted, x - d, side="left").sum())
+
+
+def _count_below(x: np.ndarray, y_sorted: np.ndarray, d: float) -> int:
+    """#{(i, j): x_i - y_j < d}."""
+    return int(len(y_sorted) * len(x) - np.searchsorted(y_sorted, x - d, side="right").sum())
+
+
+class ShiftTest(BaseModel):
+    """Mann-Whitney / Hodges-Lehmann on log samples at one level (shifts in log units)."""
+
+    fail: bool = Field(description="the lower confidence bound lies above the margin")
+    clear_pass: bool = Field(description="the upper confidence bound lies below the margin")
+    estimate: float | None = None
+    low: float | None = None
+    high: float | None = None
+    p_value: float
+
+
+def shift_test(canary: np.ndarray, baseline: np.ndarray, margin_log: float, level: float,
+               bounds: bool = True) -> ShiftTest:
+    """One-sided tests of the log shift against `margin_log` at `level`. The bounds are the k-th smallest and
+    k-th largest pairwise differences, k from the U statistic's normal approximation at that level; the
+    verdicts need only two counts, so `bounds=False` (the simulations) skips locating them."""
+    x, y = np.log(canary), np.sort(np.log(baseline))
+    n, m = len(x), len(y)
+    nm = n * m
+    sigma = math.sqrt(nm * (n + m + 1) / 12.0)
+    k = math.floor(nm / 2.0 - stats.norm.isf(level) * sigma)  # rank of the lower bound (< 1: unbounded)
+    at_most = _count_at_most(x, y, margin_log)
+    fail = k >= 1 and at_most < k  # lower bound d_(k) > margin
+    clear_pass = k >= 1 and _count_below(x, y, margin_log) >= nm - k + 1  # upper bound d_(nm-k+1) < margin
+    u = nm - at_most  # pairs with x_i - margin > y_j: U of the shifted canary against the baseline
+    p_value = float(stats.norm.sf((u - nm / 2.0 - 0.5) / sigma))
+    estimate = low = high = None
+    if bounds:
+        estimate = 0.5 * (_kth_difference(x, y, (nm + 1) // 2) + _kth_difference(x, y, nm // 2 + 1))
+        if k >= 1:
+            low, high = _kth_difference(x, y, k), _kth_difference(x, y, nm - k + 1)
+    return ShiftTest(fail=fail, clear_pass=clear_pass, estimate=estimate, low=low, high=high, p_value=p_value)
+
+
+class ErrorTest(BaseModel):
+    fail: bool
+    clear_pass: bool
+    estimate: float
+    low: float
+    high: float
+    p_value: float
+
+
+def error_test(canary_errors: int, canary_n: int, baseline_errors: int, baseline_n: int, ratio: float,
+               excess: float, level: float) -> ErrorTest:
+    """Exact conditional test of H0 "canary rate <= ratio x baseline rate" at `level`, and Clopper-Pearson bounds
+    of the canary rate at the same level (reported less the baseline rate)."""
+    total = canary_errors + baseline_errors
+    share = ratio * canary_n / (ratio * canary_n + baseline_n)
+    p_value = float(stats.binom.sf(canary_errors - 1, total, share)) if canary_errors > 0 else 1.0
+    base = baseline_errors / baseline_n
+    upper = 1.0 if canary_errors >= canary_n else float(stats.beta.isf(level, canary_errors + 1, canary_n - canary_errors))
+    lower = 0.0 if canary_errors == 0 else float(stats.beta.ppf(level, canary_errors, canary_n - canary_errors + 1))
+    return ErrorTest(fail=p_value <= level, clear_pass=upper <= base + excess, estimate=canary_errors / canary_n - base,
+                     low=lower - base, high=upper - base, p_value=p_value)
+
+
+class SequentialJudge:
+    """One step's judge: call `look` with all the step's samples so far, as often as wanted. A look with more
+    canary requests than the last is a new look of the spending plan; a metric's verdict is final once it
+    failed, or passed at the horizon."""
+
+    def __init__(self, config: JudgeConfig, step: int = 0) -> None:
+        self.config, self.step = config, step
+        self.alpha_of = {m: config.alpha * (config.error_alpha_share if m == "errors" else
+                                            (1 - config.error_alpha_share) / len(LATENCY_METRICS)) for m in METRICS}
+        self._looks: tuple[float, ...] = ()
+        self._final: dict[str, MetricVerdict] = {}
+        self._last: list[MetricVerdict] = []
+
+    def look(self, canary: Samples, baseline: Samples, bounds: bool = True) -> list[MetricVerdict]:
+        t = min(1.0, len(canary) / self.config.horizon)
+        if len(canary) >= self.config.min_samples and (not self._looks or t > self._looks[-1]):
+            self._looks += (t,)
+        elif self._last and len(canary) >= self.config.min_samples:
+            return self._last  # no new canary request since the last look: nothing new to spend
+        looking = bool(self._looks) and len(canary) >= self.config.min_samples
+        out = []
+        for metric in METRICS:
+            level = look_level(self.alpha_of[metric], self._looks) if looking else 0.0
+            verdict = self._final.get(metric) or self._look_metric(metric, canary, baseline, level, bounds)
+            if verdict.verdict == "fail" or (verdict.verdict == "pass" and t >= 1.0):
+                self._final[metric] = verdict
+            out.append(verdict)
+        self._last = out
+        return out
+
+    def _look_metric(self, metric: str, canary: Samples, baseline: Samples, level: float, bounds: bool) -> MetricVerdict:
+        c = self.config
+        if metric == "errors":
+            cv, bv, margin = canary.ok, baseline.ok, c.error_ratio
+        else:
+            cv, bv, margin = canary.latencies(metric), baseline.latencies(metric), c.margin(metric)
+        n, m = len(cv), len(bv)
+        t = self._looks[-1] if self._looks else 0.0
+        common = dict(step=self.step, metric=metric, canary_n=n, baseline_n=m, margin=margin,
+                      alpha_spent=spending(self.alpha_of[metric], t))
+        if n < c.min_samples or m < c.min_samples or level <= 0.0:
+            return MetricVerdict(**common, verdict="inconclusive", why=f"fewer than {c.min_samples} samples a side",
+                                 alpha_look=0.0)
+        if metric == "errors":
+            e = error_test(n - int(cv.sum()), n, m - int(bv.sum()), m, c.error_ratio, c.error_excess, level)
+            fail, clear, est, low, high, p = e.fail, e.clear_pass, e.estimate, e.low, e.high, e.p_value
+        else:
+            s = shift_test(cv, bv, math.log1p(margin), level, bounds)
+            fail, clear, p = s.fail, s.clear_pass, s.p_value
+            est, low, high = (None if v is None else math.expm1(v) for v in (s.estimate, s.low, s.high))
+        if fail:
+            verdict, why = "fail", f"worse than allowed: p {p:.2g} <= {level:.2g}"
+        elif clear:
+            verdict, why = "pass", "within the allowed degradation at this look's level"
+        elif t >= 1.0:
+            verdict, why = "pass", f"no evidence of harm over the horizon ({c.horizon} canary requests)"
+        else:
+            verdict, why = "inconclusive", "neither bound clear of the margin yet"
+        return MetricVerdict(**common, verdict=verdict, why=why, clear=bool(fail or clear), estimate=est, ci_low=low,
+                             ci_high=high, p_value=p, alpha_look=level)
+
+
+def step_verdict(verdicts: list[MetricVerdict]) -> Verdict:
+    """fail if any metric failed, pass if all passed, else inconclusive."""
+    kinds = {v.verdict for v in verdicts}
+    return "fail" if "fail" in kinds else "pass" if kinds == {"pass"} else "inconclusive"
