@@ -1,4 +1,5 @@
-"""The canary controller: shift traffic step by step, judge each hold, promote or roll back.
+"""The canary's verbs: shift the weights, hold and judge a step, conclude (promote or roll back). The one
+loop over the steps, with the rollback on any exception, is the canary_release flow's.
 
 During a hold the judge (engine/canary/judge.py) looks every `check_interval_s` at the step's per-request
 samples of both groups, so a failing canary is rolled back as soon as the evidence is clear, at the first
@@ -26,7 +27,7 @@ log = logging.getLogger(__name__)
 
 
 class CanaryError(TideflowError):
-    """The rollout cannot start or was interrupted (the groups are left at stable 100 %)."""
+    """The rollout cannot start (the groups are left at stable 100 %)."""
 
 
 Decision = Literal["promoted", "rolled_back"]
@@ -118,46 +119,6 @@ Target = Any  # a FleetVerbs with an `admin` (LocalGroupSet), one that is both (
 def _verbs(target: Target) -> tuple[RouterVerbs, FleetVerbs | None]:
     admin = getattr(target, "admin", target)
     return admin, (target if hasattr(target, "park") and hasattr(target, "delete") else None)
-
-
-def run_canary(target: Target, stable: str, canary: str, plan: CanaryPlan, source: MetricsSource, samples_key: str,
-               progress: Progress | None = None) -> CanaryReport:
-    """Roll `canary` out over `stable` in `target` (the controller, a group set, or just a router) following `plan`;
-    `samples_key` is a client key of the router (its /samples, like /metrics, takes one)."""
-    admin, _ = _verbs(target)
-    names = {g["name"] for g in admin.groups()}
-    missing = sorted({stable, canary} - names)
-    if missing:
-        raise CanaryError(f"groups {missing} are not registered in the router {admin.url}; bring them up first")
-    notify = progress or (lambda event: None)
-    gates = GateSuite(plan.suite)
-    steps: list[StepReport] = []
-    samples = RouterSamples(admin.url, samples_key, [stable, canary])
-    try:
-        decision, reason = _steps(admin, stable, canary, plan, source, samples, gates, steps, notify)
-    except Exception as exc:
-        try:
-            shift_weights(admin, stable, canary, 0.0)
-        except Exception as again:
-            raise CanaryError(f"rollout of {canary} interrupted ({exc}) and the rollback failed too: {again}; "
-                              f"set the weights by hand") from exc
-        raise CanaryError(f"rollout of {canary} interrupted, back to {stable} at 100 %: {exc}") from exc
-    finally:
-        samples.close()
-    return conclude(target, admin, stable, canary, plan, steps, decision, reason, gates, notify)
-
-
-def _steps(admin: RouterVerbs, stable: str, canary: str, plan: CanaryPlan, source: MetricsSource,
-           samples: RouterSamples, gates: GateSuite, steps: list[StepReport], notify: Progress) -> tuple[Decision, str]:
-    """Hold every step in turn (appending to `steps`); the decision and why, at the first failing step."""
-    for index, step in enumerate(plan.steps):
-        shift_weights(admin, stable, canary, step.percent)
-        report = hold_step(stable, canary, index, step, plan, source, samples, gates, steps, notify)
-        steps.append(report)
-        if not report.passed:
-            return "rolled_back", f"step {index} ({step.percent:g} %) failed: {report.failures()}"
-        notify(CanaryEvent(kind="step_passed", step=index, percent=step.percent, canary=report.canary, stable=report.stable))
-    return "promoted", f"every step passed its gates ({len(steps)} steps)"
 
 
 def shift_weights(admin: RouterVerbs, stable: str, canary: str, percent: float) -> None:

@@ -149,6 +149,8 @@ class LocalProcessBackend(Backend):
         if member.size > 1:
             args += ["--dep-rank", str(member.rank), "--dep-size", str(member.size),
                      "--dist-addr", f"{self.host}:{dist_port}"]
+        if e.faults is not None:
+            args += ["--faults", e.faults.model_dump_json()]
         if standby:
             args.append("--standby")
         return args

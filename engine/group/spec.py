@@ -18,6 +18,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from engine.errors import TideflowError
+from engine.faults import FaultConfig
 from engine.paths import home
 
 Role = Literal["encoder", "prefill", "decode", "colocated"]
@@ -97,6 +98,8 @@ class EngineArgs(BaseModel):
     kv_cache_bytes: int | None = Field(None, gt=0, description="exact KV cache size in bytes")
     block_size: int = Field(16, gt=0, le=1024, description="tokens per KV block (power of two)")
     max_wait_ms: float = Field(2.0, ge=0, le=1000, description="shuttle: longest a request waits to join a batch")
+    faults: FaultConfig | None = Field(None, description="drills only: faults every member injects (errors, slow tokens), "
+                                                         "e.g. to rehearse a canary rollback")
 
     @field_validator("block_size")
     @classmethod

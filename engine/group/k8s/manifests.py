@@ -93,6 +93,8 @@ def _args(group: InferenceGroup, spec: RoleSpec, standby: bool) -> list[str]:
     if spec.members_per_instance > 1:  # the ranks of one LWS group rendezvous at its leader
         args += ["--dep-rank", "$(LWS_WORKER_INDEX)", "--dep-size", str(spec.members_per_instance),
                  "--dist-addr", f"$(LWS_LEADER_ADDRESS):{DIST_PORT}"]
+    if spec.engine.faults is not None:
+        args += ["--faults", spec.engine.faults.model_dump_json()]
     if standby:
         args.append("--standby")
     return args

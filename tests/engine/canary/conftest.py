@@ -13,7 +13,6 @@ import pytest
 from engine.canary.prometheus import LocalPrometheus, groupset_jobs
 from engine.faults import FaultConfig
 from engine.group.groupset import GroupSetConfig, LocalGroupSet
-from engine.group.local import LocalProcessBackend
 from engine.group.manager import GroupState
 from engine.group.spec import InferenceGroup
 
@@ -24,20 +23,6 @@ GROUPS = {
     "bad": ("v2-errors", FaultConfig(error_rate=0.5, seed=1)),
     "slow": ("v2-slow", FaultConfig(token_delay_s=0.3)),
 }
-
-
-class FaultyBackend(LocalProcessBackend):
-    """The local backend, with `--faults` added to the members of the groups named in `faults`."""
-
-    def __init__(self, base: LocalProcessBackend, faults: dict[str, FaultConfig]) -> None:
-        super().__init__(base.model_dir, base.api_key, base.model_name, base.log_dir, base.host, base.extra_env)
-        self.faults = faults
-
-    def member_args(self, group, member, port, dist_port, standby):
-        args = super().member_args(group, member, port, dist_port, standby)
-        if group.name in self.faults:
-            args += ["--faults", self.faults[group.name].model_dump_json()]
-        return args
 
 
 @dataclass
@@ -56,8 +41,7 @@ def fleet(tiny_model_dir, tmp_path_factory):
         mp.setenv("TIDEFLOW_HOME", str(tmp_path_factory.mktemp("tideflow-home")))
         gs = LocalGroupSet(GroupSetConfig(model_dir=tiny_model_dir))
         try:
-            gs.backend = gs.manager.backend = FaultyBackend(gs.backend, {n: f for n, (_, f) in GROUPS.items() if f})
-            groups = [gs.up(_spec(name, version, tiny_model_dir)) for name, (version, _) in GROUPS.items()]
+            groups = [gs.up(_spec(name, version, faults, tiny_model_dir)) for name, (version, faults) in GROUPS.items()]
             for g in groups:
                 state = g.wait_for({GroupState.READY, GroupState.FAILED}, 180)
                 assert state == GroupState.READY, [e.message for e in g.status.events]
@@ -67,10 +51,11 @@ def fleet(tiny_model_dir, tmp_path_factory):
             gs.close(drain_s=1.0)
 
 
-def _spec(name: str, version: str, model_dir) -> InferenceGroup:
+def _spec(name: str, version: str, faults: FaultConfig | None, model_dir) -> InferenceGroup:
+    engine = {"kv_cache_bytes": 8_000_000, "faults": None if faults is None else faults.model_dump()}
     return InferenceGroup.model_validate({
         "name": name, "version": version, "model": {"path": str(model_dir)},
-        "roles": [{"role": "colocated", "instances": 1, "engine": {"kv_cache_bytes": 8_000_000}}]})
+        "roles": [{"role": "colocated", "instances": 1, "engine": engine}]})
 
 
 @dataclass

@@ -84,7 +84,7 @@ def router():
     with serve_in_thread(misbehaving_upstream()) as upstream:
         config = RouterConfig(rate_limit_rps=0.01, rate_limit_burst=3, health_interval_s=0.2, max_attempts=2,
                               member_networks=["127.0.0.0/8"])  # the fuzzer may register nothing else
-        with serve_in_thread(create_router_app(config, [CLIENT, "other-key", "resume-key", "break-key"], [ADMIN])) as url:
+        with serve_in_thread(create_router_app(config, [CLIENT, "other-key", "resume-key", "break-key", "samples-key"], [ADMIN])) as url:
             admin = httpx.Client(base_url=url, headers={"authorization": f"Bearer {ADMIN}"}, trust_env=False)
             r = admin.post("/admin/groups", json={"name": "bad", "version": "v1",
                                                   "endpoints": [{"url": upstream, "role": "colocated"}]})
@@ -110,6 +110,19 @@ def test_failing_upstreams_leave_in_flight_counts_at_zero_and_4xx_is_not_retried
     assert inflight(admin) == (0, [0])
     (g,) = admin.get("/admin/groups").json()["groups"]
     assert g["routable"]  # one request's failure ejects nobody
+
+
+def test_samples_count_a_failed_try_against_its_group_and_need_a_client_key(router):
+    """A 500 from the group is an error sample of that group (the canary judge reads it from /samples)."""
+    url, admin = router
+    with httpx.Client(base_url=url, headers={"authorization": "Bearer samples-key"}, trust_env=False, timeout=30) as c:
+        cursor = c.get("/samples", params={"limit": 0}).json()["next"]
+        c.post("/v1/completions", json={"model": "default", "prompt": "crash"})
+        page = c.get("/samples", params={"after": cursor, "group": "bad"}).json()
+        assert page["samples"] and all(s["group"] == "bad" and s["ok"] is False for s in page["samples"])
+        assert c.get("/samples", params={"after": cursor, "group": "other"}).json()["samples"] == []
+        assert c.get("/samples", params={"limit": -1}).status_code == 400  # the error handlers answer 400
+    assert httpx.get(url + "/samples", trust_env=False).status_code == 401
 
 
 def test_a_stream_broken_mid_answer_resumes_from_what_the_client_got(router):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 import jsonschema
@@ -30,6 +31,7 @@ SHAPES = {
     "4xdep2-dep8": group(LARGE),
     "4xdep2-dep8-encoder-pool": group([{"role": "encoder", "resources": {"gpus": 1}}, *LARGE], warm_pool=1),
     "colocated-tp": group([{"role": "colocated", "parallel": "TP2", "engine": {"kv_cache_fraction": 0.7}}]),
+    "1p1d-faults": group([{"role": "prefill"}, {"role": "decode", "engine": {"faults": {"token_delay_s": 0.3}}}]),
 }
 
 
@@ -150,6 +152,15 @@ def test_dep_ranks_rendezvous_at_their_leader():
     assert args[args.index("--dep-rank") + 1] == "$(LWS_WORKER_INDEX)"
     assert args[args.index("--dep-size") + 1] == "8"
     assert args[args.index("--dist-addr") + 1] == "$(LWS_LEADER_ADDRESS):29500"
+
+
+def test_spec_faults_reach_only_their_roles_members():
+    """A drill's injected faults travel in the spec: the decode members get --faults, prefill does not."""
+    lws = by_kind(render(SHAPES["1p1d-faults"], "ns", "img"), "LeaderWorkerSet")
+    args = {name: d["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"]["containers"][0]["args"]
+            for name, d in lws.items()}
+    assert "--faults" not in args["g-prefill"]
+    assert json.loads(args["g-decode"][args["g-decode"].index("--faults") + 1])["token_delay_s"] == 0.3
 
 
 @pytest.mark.parametrize("shape", sorted(SHAPES))
