@@ -24,7 +24,7 @@ from common import print_table  # noqa: E402
 from engine.default_model import DEFAULT_CONFIG, write_default_model  # noqa: E402
 from engine.parallel.dep import DEPConfig  # noqa: E402
 from engine.parallel.launch import run_ranks  # noqa: E402
-from engine.parallel.replay import ReplayJob, ReplayStep, SeqSpec, replay_rank  # noqa: E402
+from harness.dep_replay import ReplayJob, ReplayStep, SeqSpec, replay_rank  # noqa: E402
 
 CONFIG = DEFAULT_CONFIG.model_copy(update=dict(
     vocab_size=2048, hidden_size=256, num_layers=4, num_heads=4, num_kv_heads=2, head_dim=64, num_experts=8,

@@ -37,7 +37,7 @@ def server(kind: str, model_dir: Path, ttft_ms: float, tpot_ms: float):
                             "--kv-cache-bytes", str(32 << 20), "--max-wait-ms", "1")
         model, ready = "tiny", "/ready"
     else:
-        cmd = [sys.executable, "-m", "engine.drills.reference_server", "--port", str(port), "--model", "reference",
+        cmd = [sys.executable, "-m", "harness.reference_server", "--port", str(port), "--model", "reference",
                "--ttft-ms", str(ttft_ms), "--tpot-ms", str(tpot_ms), "--slots", "256"]
         model, ready = "reference", "/health"
     child = Child(f"{kind}-server", cmd, model_dir.parent / f"{kind}-server.log", {"TIDEFLOW_API_KEYS": KEY})

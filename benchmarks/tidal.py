@@ -24,8 +24,8 @@ from engine.default_model import DEFAULT_CONFIG, TINY_CONFIG, write_default_mode
 from engine.group.groupset import GroupSetConfig, LocalGroupSet  # noqa: E402
 from engine.group.spec import InferenceGroup  # noqa: E402
 from engine.scaling.policy import Bounds, MetricPolicy, ScalingPolicy  # noqa: E402
-from engine.scaling.replay import replay_day  # noqa: E402
-from engine.scaling.tide import TidalDay  # noqa: E402
+from harness.tidal_replay import replay_day  # noqa: E402
+from harness.tide import TidalDay  # noqa: E402
 
 
 def main() -> int:

@@ -6,14 +6,16 @@ from __future__ import annotations
 import httpx
 
 
+def _headers(key: str | None) -> dict[str, str]:
+    return {"authorization": f"Bearer {key}"} if key else {}
+
+
 def bearer_client(key: str | None, base_url: str = "", timeout_s: float = 5.0) -> httpx.Client:
-    headers = {"authorization": f"Bearer {key}"} if key else {}
-    return httpx.Client(base_url=base_url.rstrip("/"), headers=headers, timeout=timeout_s, trust_env=False)
+    return httpx.Client(base_url=base_url.rstrip("/"), headers=_headers(key), timeout=timeout_s, trust_env=False)
 
 
 def bearer_async_client(key: str | None, base_url: str = "", timeout_s: float = 5.0,
                         limits: httpx.Limits | None = None) -> httpx.AsyncClient:
-    """The same, for the asyncio services (the router)."""
-    headers = {"authorization": f"Bearer {key}"} if key else {}
-    return httpx.AsyncClient(base_url=base_url.rstrip("/"), headers=headers, timeout=timeout_s, trust_env=False,
+    """The same, for the asyncio services (the router) and load generators."""
+    return httpx.AsyncClient(base_url=base_url.rstrip("/"), headers=_headers(key), timeout=timeout_s, trust_env=False,
                              limits=limits or httpx.Limits())

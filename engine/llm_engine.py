@@ -16,11 +16,11 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Literal
+from typing import Callable
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from engine.encoder.prompt import block_extras, step_embeds
+from engine.engine_config import EngineConfig
 from engine.encoder.splice import SplicedPrompt
 from engine.errors import TideflowError
 from engine.kv_cache import BlockAllocator, OutOfBlocks, import_blocks, num_blocks_for_budget
@@ -39,36 +39,6 @@ from engine.tokenizer import IncrementalDecoder, Tokenizer
 log = logging.getLogger(__name__)
 
 DEFAULT_KV_FRACTION = 0.2
-
-
-class EngineConfig(BaseModel):
-    """Tunables of one serving engine (embedded by the inference group spec)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    model_name: str | None = Field(None, description="model id served on /v1/models; default: the model directory's name")
-    block_size: int = Field(16, ge=1, le=1024, description="tokens per KV cache block")
-    max_num_seqs: int = Field(64, ge=1, description="most sequences in the running batch")
-    max_batch_tokens: int = Field(2048, ge=1, description="token budget of one model step (decode tokens + prefill chunks)")
-    kv_cache_bytes: int | None = Field(None, gt=0, description="KV cache size in bytes (exclusive with kv_cache_fraction)")
-    kv_cache_fraction: float | None = Field(
-        None, gt=0.0, le=0.95, description="KV cache size as a fraction of available memory; default 0.2 when neither is given"
-    )
-    max_wait_ms: float = Field(
-        2.0, ge=0.0, le=1000.0,
-        description="shuttle window: how long arrivals gather before departing together; 0 dispatches at once "
-        "(2 ms won the window sweep of benchmarks/serving.py)",
-    )
-    max_queue: int = Field(256, ge=0, description="requests allowed to wait for admission; beyond it requests get 429")
-    dtype: Literal["float32", "bfloat16"] | None = Field(None, description="weight/activation dtype; default: the checkpoint's")
-    device: str = Field("cpu", description="torch device for weights and KV cache, e.g. cpu or cuda:0")
-    enable_prefix_cache: bool = Field(True, description="reuse KV blocks of shared prompt prefixes")
-
-    @model_validator(mode="after")
-    def _one_budget(self) -> "EngineConfig":
-        if self.kv_cache_bytes is not None and self.kv_cache_fraction is not None:
-            raise ValueError("give kv_cache_bytes or kv_cache_fraction, not both")
-        return self
 
 
 class EngineError(TideflowError):

@@ -7,7 +7,8 @@ from pathlib import Path
 
 
 def home() -> Path:
-    return Path(os.environ.get("TIDEFLOW_HOME", "~/.tideflow")).expanduser()
+    """$TIDEFLOW_HOME, or ~/.tideflow when it is unset or empty (an empty value must not mean the current directory)."""
+    return Path(os.environ.get("TIDEFLOW_HOME") or "~/.tideflow").expanduser()
 
 
 def default_model_dir() -> Path:

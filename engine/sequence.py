@@ -51,10 +51,6 @@ class Sequence:
     def num_uncomputed(self) -> int:
         return self.num_tokens - self.num_computed
 
-    @property
-    def max_total_tokens(self) -> int:
-        return len(self.prompt_tokens) + self.params.max_tokens
-
     def reset_computed(self) -> None:
         """Forget the KV state (after its blocks were freed): everything is recomputed as prompt."""
         self.block_table = []

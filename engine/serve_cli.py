@@ -35,6 +35,7 @@ def add_commands(subparsers) -> None:
     p.add_argument("--block-size", type=int)
     p.add_argument("--max-wait-ms", type=float, help="shuttle window; 0 dispatches arrivals at once")
     p.add_argument("--max-queue", type=int)
+    p.add_argument("--no-prefix-cache", action="store_true", help="do not reuse KV blocks of shared prompt prefixes")
     p.add_argument("--max-body-bytes", type=int, default=8 << 20, help="largest request body accepted (413 above)")
     p.add_argument("--dtype", choices=["float32", "bfloat16"])
     p.add_argument("--device")
@@ -58,11 +59,13 @@ def add_commands(subparsers) -> None:
 
 def engine_config(args: argparse.Namespace):
     """EngineConfig from the flags that were given; the rest keep EngineConfig's defaults."""
-    from engine.llm_engine import EngineConfig
+    from engine.engine_config import EngineConfig
 
     names = ("max_num_seqs", "max_batch_tokens", "kv_cache_bytes", "kv_cache_fraction", "block_size", "max_wait_ms",
              "max_queue", "dtype", "device")
     given = {n: getattr(args, n) for n in names if getattr(args, n) is not None}
+    if args.no_prefix_cache:
+        given["enable_prefix_cache"] = False
     return EngineConfig(model_name=args.served_model_name or Path(args.model).resolve().name, **given)
 
 
@@ -116,15 +119,3 @@ def serve(args: argparse.Namespace) -> int:
                      faults=faults, standby=args.standby, host=args.host, max_body_bytes=args.max_body_bytes)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_keep_alive=MEMBER_KEEP_ALIVE_S)
     return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`python -m engine.serve_cli serve ...` until the top-level `tideflow` parser includes it."""
-    parser = argparse.ArgumentParser(prog="tideflow")
-    add_commands(parser.add_subparsers(required=True))
-    args = parser.parse_args(argv)
-    return args.func(args)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

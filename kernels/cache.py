@@ -18,7 +18,9 @@ SOURCE_SUFFIXES = (".h", ".cpp", ".cuh", ".cu")
 
 
 def home() -> Path:
-    return Path(os.environ.get("TIDEFLOW_HOME", Path.home() / ".tideflow")).expanduser()
+    """engine.paths.home's rule (kernels sit below the engine and import nothing of it): $TIDEFLOW_HOME, or
+    ~/.tideflow when it is unset or empty."""
+    return Path(os.environ.get("TIDEFLOW_HOME") or "~/.tideflow").expanduser()
 
 
 def kernels_root() -> Path:

@@ -46,7 +46,7 @@ def collect_metrics(stable: str, canary: str, index: int, step: CanaryStep, plan
         source = _source(client, prometheus_url)
         samples = RouterSamples(router_url, discovery.router_key(), [stable, canary])
         try:
-            report = hold_step(stable, canary, index, step, plan, source, samples, GateSuite(plan.suite), done,
+            report = hold_step(stable, canary, index, step, plan, source, samples, GateSuite(plan.suite_path()), done,
                                lambda e: logger.info("step %d %s: %s", e.step, e.kind, e.message))
         finally:
             samples.close()
@@ -61,7 +61,7 @@ def collect_metrics(stable: str, canary: str, index: int, step: CanaryStep, plan
 @task(name="validate_metrics", cache_policy=NO_CACHE, timeout_seconds=300)
 def validate_metrics(steps: list[StepReport], plan: CanaryPlan) -> GateResult:
     """The Great Expectations suite over the whole judge table; no retries: a failed gate fails again."""
-    result = GateSuite(plan.suite).validate(judge_table(steps))
+    result = GateSuite(plan.suite_path()).validate(judge_table(steps))
     create_table_artifact(key="canary-steps", description="per-step figures, canary vs stable",
                           table=[step_row(s.index, s.percent, s.canary, s.stable, s.baseline_step) for s in steps])
     create_markdown_artifact(key="canary-gates", markdown=(
@@ -80,7 +80,7 @@ def _short_json(validation: dict) -> str:
 def _conclude(decision: str, stable: str, canary: str, plan: CanaryPlan, steps: list[StepReport],
               reason: str) -> CanaryReport:
     with ControlClient.connect() as client:
-        report = conclude(client, client, stable, canary, plan, steps, decision, reason, GateSuite(plan.suite),
+        report = conclude(client, client, stable, canary, plan, steps, decision, reason, GateSuite(plan.suite_path()),
                           lambda e: None)
         client.record_canary(CanaryRecord(stable=stable, canary=canary, step=steps[-1].index if steps else -1,
                                           percent=report.weights.get(canary, 0.0) if decision == "promoted" else 0.0,

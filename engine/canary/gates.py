@@ -1,4 +1,4 @@
-"""Canary gates: a Great Expectations suite (data, in deployments/expectations/) run on the judge table.
+"""Canary gates: a Great Expectations suite (data: engine/canary/canary_suite.json, or the plan's) run on the judge table.
 
 Each row is one metric of one step: the judge's verdict, its estimate and confidence bounds, the p-value and
 the alpha it was tested at (engine/canary/judge.py). The suite is the declared gate: what must hold of those

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from importlib.resources import files
 from pathlib import Path
 from typing import Literal
 
@@ -9,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from engine.canary.judge import JudgeConfig
 
-DEFAULT_SUITE = Path(__file__).resolve().parents[2] / "deployments" / "expectations" / "canary.json"
+DEFAULT_SUITE = Path(str(files("engine.canary") / "canary_suite.json"))  # package data (importlib.resources)
 
 
 class CanaryStep(BaseModel):
@@ -39,7 +40,8 @@ class CanaryPlan(BaseModel):
     )
     check_interval_s: float = Field(1.0, gt=0, description="how often the judge looks during a hold")
     judge: JudgeConfig = Field(default_factory=JudgeConfig, description="allowed degradations, alpha, samples, horizon")
-    suite: Path = Field(DEFAULT_SUITE, description="Great Expectations suite (JSON) run on the judge table")
+    suite: Path | None = Field(None, description="Great Expectations suite (JSON) run on the judge table; None: the "
+                                                "packaged engine/canary/canary_suite.json")
     on_promote: Literal["park", "remove"] = Field(
         "park", description="the stable group after promotion: drained and parked in the warm pool (Standby) when the "
                             "rollout runs on a group set, left registered at weight 0 with only a router; or drained and removed")
@@ -68,7 +70,10 @@ class CanaryPlan(BaseModel):
 
     @field_validator("suite")
     @classmethod
-    def _suite_exists(cls, path: Path) -> Path:
-        if not path.is_file():
+    def _suite_exists(cls, path: Path | None) -> Path | None:
+        if path is not None and not path.is_file():
             raise ValueError(f"gate suite {path} does not exist")
         return path
+
+    def suite_path(self) -> Path:
+        return DEFAULT_SUITE if self.suite is None else self.suite

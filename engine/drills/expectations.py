@@ -1,15 +1,17 @@
-"""Great Expectations check of a drill's step table: the suite lives as data in deployments/expectations/."""
+"""Great Expectations check of a drill's step table: the suite is data, packaged beside this module
+(load_drill_suite.json) and loaded through importlib.resources, so an installed wheel finds it too."""
 
 from __future__ import annotations
 
 import json
+from importlib.resources import files
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from engine.drills.results import ExpectationOutcome, LoadDrillReport
 
-DEFAULT_SUITE = Path(__file__).resolve().parents[2] / "deployments" / "expectations" / "load_drill.json"
+DEFAULT_SUITE = Path(str(files("engine.drills") / "load_drill_suite.json"))
 
 
 def validate_steps(report: LoadDrillReport, suite_path: Path) -> ExpectationOutcome:

@@ -19,6 +19,7 @@ from tqdm import tqdm
 from engine.drills.results import LoadDrillReport, RequestRecord, capacity_watermark, summarize_step
 from engine.drills.spec import LoadDrillSpec
 from engine.drills.workload import PlannedRequest, build_schedule
+from engine.http import bearer_async_client
 
 
 class DrillProgress(BaseModel):
@@ -111,7 +112,7 @@ def _client(spec: LoadDrillSpec) -> openai.AsyncOpenAI:
     # The connection pool is as large as the in-flight cap: a smaller pool would queue requests inside httpx,
     # turning the open loop into a hidden closed one.
     limits = httpx.Limits(max_connections=spec.max_in_flight, max_keepalive_connections=spec.max_in_flight)
-    http = httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(spec.request_timeout_s))
+    http = bearer_async_client(None, timeout_s=spec.request_timeout_s, limits=limits)  # openai adds the key
     key = os.environ.get(spec.api_key_env, "") if spec.api_key_env else ""
     return openai.AsyncOpenAI(base_url=spec.base_url, api_key=key or "none", max_retries=0,
                               timeout=spec.request_timeout_s, http_client=http)
@@ -213,9 +214,10 @@ async def run_load_drill_async(spec: LoadDrillSpec, progress: ProgressCallback |
         still_open=driven.still_open, requests=records,
     )
     if spec.expectations_suite is not None:
-        from engine.drills.expectations import validate_steps
+        from engine.drills.expectations import DEFAULT_SUITE, validate_steps
 
-        report.expectations = validate_steps(report, spec.expectations_suite)
+        suite = DEFAULT_SUITE if spec.expectations_suite == "packaged" else spec.expectations_suite
+        report.expectations = validate_steps(report, suite)
     if spec.out_dir is not None:
         from engine.drills.report import write_report
 

@@ -7,7 +7,6 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
-from engine.drills.expectations import DEFAULT_SUITE
 from engine.drills.workload import LengthDistribution
 
 
@@ -39,7 +38,9 @@ class LoadDrillSpec(BaseModel):
     max_in_flight: int = Field(1024, ge=1, description="open requests allowed; arrivals over it are counted as errors")
     request_timeout_s: float = Field(60.0, gt=0, description="a request still open after this is an error")
     seed: int = Field(0, description="seeds arrivals, lengths and prompt words")
-    expectations_suite: Path | None = Field(DEFAULT_SUITE, description="GX suite (JSON) the step table must pass; None = skip")
+    expectations_suite: Path | Literal["packaged"] | None = Field(
+        "packaged", description="GX suite (JSON) the step table must pass; packaged: engine/drills/load_drill_suite.json; "
+                                "None = skip")
     out_dir: Path | None = Field(None, description="where the CSV, JSON and PNG reports go; None = not written")
     progress_bar: bool = Field(True, description="tqdm bar on stderr")
 

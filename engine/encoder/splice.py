@@ -30,10 +30,6 @@ class SplicedPrompt:
     def image_hashes(self) -> list[str]:
         return [span.content_hash for span in self.images]
 
-    def embeds_for(self, start: int, end: int) -> torch.Tensor | None:
-        """Rows for prompt positions [start, end): the slice a (chunked) prefill step needs."""
-        return None if self.embeds is None else self.embeds[start:end]
-
 
 def splice(segments: list[list[int] | tuple[torch.Tensor, str]], embed: nn.Embedding, placeholder_id: int) -> SplicedPrompt:
     """`segments` in prompt order: token id lists (text) or (embeddings [n, hidden], content hash) (images)."""

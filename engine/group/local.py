@@ -12,6 +12,7 @@ from typing import Protocol
 import httpx
 from pydantic import BaseModel, Field
 
+from engine.group.argv import serve_argv
 from engine.group.backend import Backend, BackendError, GroupHandle, MemberIdentity, MemberStatus, Phase
 from engine.group.spec import InferenceGroup, Member, Role
 from engine.http import bearer_client
@@ -131,29 +132,9 @@ class LocalProcessBackend(Backend):
         return group.model.expanded_path() if group.model.path else str(self.model_dir)
 
     def member_args(self, group: InferenceGroup, member: Member, port: int, dist_port: int | None, standby: bool) -> list[str]:
-        spec = group.role(member.role)
-        e = spec.engine
-        args = ["serve", "--model", self.model_path(group), "--host", self.host, "--port", str(port),
-                "--role", member.role, "--served-model-name", self.model_name,
-                "--max-num-seqs", str(e.max_num_seqs), "--max-batch-tokens", str(e.max_batch_tokens),
-                "--block-size", str(e.block_size), "--max-wait-ms", str(e.max_wait_ms),
-                "--metrics-group", group.name, "--metrics-version", group.version]
-        if member.role in ("prefill", "decode"):
-            args += ["--kv-transport", group.transfer]
-        if e.kv_cache_bytes is not None:
-            args += ["--kv-cache-bytes", str(e.kv_cache_bytes)]
-        elif e.kv_cache_fraction is not None:
-            args += ["--kv-cache-fraction", str(e.kv_cache_fraction)]
-        if group.model.dtype:
-            args += ["--dtype", group.model.dtype]
-        if member.size > 1:
-            args += ["--dep-rank", str(member.rank), "--dep-size", str(member.size),
-                     "--dist-addr", f"{self.host}:{dist_port}"]
-        if e.faults is not None:
-            args += ["--faults", e.faults.model_dump_json()]
-        if standby:
-            args.append("--standby")
-        return args
+        return serve_argv(group, group.role(member.role), model=self.model_path(group), host=self.host, port=port,
+                          served_name=self.model_name, rank=member.rank, standby=standby,
+                          dist_addr=f"{self.host}:{dist_port}" if member.size > 1 else None)
 
     def _run(self, handle: GroupHandle) -> _Running:
         with self._lock:

@@ -17,6 +17,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from engine.engine_config import EngineKnobs
 from engine.errors import TideflowError
 from engine.faults import FaultConfig
 from engine.paths import home
@@ -87,32 +88,12 @@ class Resources(BaseModel):
         return text
 
 
-class EngineArgs(BaseModel):
-    """Engine knobs per member; KV cache sized by fraction of free memory or by bytes, not both."""
+class EngineArgs(EngineKnobs):
+    """roles[].engine: the engine's own knobs (engine.engine_config.EngineKnobs, the same defaults as
+    `tideflow serve`), plus faults for drills."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    max_num_seqs: int = Field(64, gt=0, description="sequences in one running batch")
-    max_batch_tokens: int = Field(8192, gt=0, description="tokens scheduled per step")
-    kv_cache_fraction: float | None = Field(None, gt=0, le=1, description="share of free device memory for KV blocks")
-    kv_cache_bytes: int | None = Field(None, gt=0, description="exact KV cache size in bytes")
-    block_size: int = Field(16, gt=0, le=1024, description="tokens per KV block (power of two)")
-    max_wait_ms: float = Field(2.0, ge=0, le=1000, description="shuttle: longest a request waits to join a batch")
     faults: FaultConfig | None = Field(None, description="drills only: faults every member injects (errors, slow tokens), "
                                                          "e.g. to rehearse a canary rollback")
-
-    @field_validator("block_size")
-    @classmethod
-    def _power_of_two(cls, value: int) -> int:
-        if value & (value - 1):
-            raise ValueError(f"block_size {value} must be a power of two")
-        return value
-
-    @model_validator(mode="after")
-    def _one_kv_size(self) -> "EngineArgs":
-        if self.kv_cache_fraction is not None and self.kv_cache_bytes is not None:
-            raise ValueError("set at most one of kv_cache_fraction or kv_cache_bytes")
-        return self
 
 
 MAX_INSTANCES = 256  # a bound a cluster would accept; larger fleets are several groups

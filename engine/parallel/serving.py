@@ -21,7 +21,8 @@ import torch
 
 from engine.expert_lb import ExpertLBConfig
 from engine.kv_cache import num_blocks_for_budget
-from engine.llm_engine import DEFAULT_KV_FRACTION, EngineConfig, LLMEngine
+from engine.engine_config import EngineConfig
+from engine.llm_engine import DEFAULT_KV_FRACTION, LLMEngine
 from engine.model.loader import read_config
 from engine.model_runner import SeqStep
 from engine.parallel import dist as pdist

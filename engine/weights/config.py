@@ -5,16 +5,13 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from engine.paths import home
+
 MiB = 1 << 20
 S3_MIN_PART = 5 * MiB  # S3 rejects smaller parts, except the last one of an upload
 S3_MAX_PART = 5 * 1024 * MiB
 DEFAULT_PART_SIZE = 64 * MiB
 DEFAULT_CONCURRENCY = 8
-
-
-def tideflow_home() -> Path:
-    """The project's state dir: $TIDEFLOW_HOME, default ~/.tideflow."""
-    return Path(os.environ.get("TIDEFLOW_HOME") or Path.home() / ".tideflow").expanduser()
 
 
 def _env_endpoint() -> str | None:
@@ -77,7 +74,7 @@ class FsStoreConfig(TransferConfig):
     """A directory used as an object store: the embedded default under $TIDEFLOW_HOME/store."""
 
     root: Path = Field(
-        default_factory=lambda: tideflow_home() / "store", description="store root directory"
+        default_factory=lambda: home() / "store", description="store root directory"
     )
     prefix: str = Field("", description="key prefix of the version below root")
 

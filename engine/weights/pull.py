@@ -23,7 +23,8 @@ from engine.weights.fetch import REPUBLISH, stream_file
 from engine.weights.manifest import MANIFEST_NAME, Manifest, ManifestFile, read_manifest
 from engine.weights.progress import ProgressCallback, ProgressReporter
 from engine.weights.store import ObjectStore
-from engine.weights.urls import open_store, tideflow_home
+from engine.paths import home
+from engine.weights.urls import open_store
 
 MARKER_NAME = ".tideflow-verified.json"
 LOCK_NAME = ".tideflow.lock"
@@ -236,7 +237,7 @@ def pull(
 
 def cache_dir_for(url: str) -> Path:
     """The node-local cache directory of a published version ($TIDEFLOW_HOME/cache/weights/<hash of url>)."""
-    return tideflow_home() / "cache" / "weights" / hashlib.sha256(url.encode()).hexdigest()[:16]
+    return home() / "cache" / "weights" / hashlib.sha256(url.encode()).hexdigest()[:16]
 
 
 def local_model_dir(model: str, show_progress: bool = False) -> Path:

@@ -5,7 +5,8 @@ from urllib.parse import unquote, urlparse
 
 from pydantic import ValidationError
 
-from engine.weights.config import FsStoreConfig, S3StoreConfig, tideflow_home
+from engine.paths import home
+from engine.weights.config import FsStoreConfig, S3StoreConfig
 from engine.weights.errors import StoreError
 from engine.weights.fs_store import FsStore
 from engine.weights.s3_store import S3Store
@@ -14,7 +15,7 @@ from engine.weights.store import ObjectStore
 
 def default_store_url(name: str, version: str) -> str:
     """Where a version lives in the embedded filesystem store: $TIDEFLOW_HOME/store/models/<name>/<version>/."""
-    return (tideflow_home() / "store" / "models" / name / version).absolute().as_uri() + "/"
+    return (home() / "store" / "models" / name / version).absolute().as_uri() + "/"
 
 
 def store_config(url: str, **transfer: int | None) -> S3StoreConfig | FsStoreConfig:

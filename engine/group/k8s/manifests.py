@@ -19,6 +19,7 @@ from typing import Any
 
 import yaml
 
+from engine.group.argv import serve_argv
 from engine.group.spec import InferenceGroup, RoleSpec
 
 LWS_API_VERSION = "leaderworkerset.x-k8s.io/v1"
@@ -73,31 +74,10 @@ def engine_port(spec: RoleSpec) -> int:
 
 
 def _args(group: InferenceGroup, spec: RoleSpec, standby: bool) -> list[str]:
+    """The pod's command line: its IP and, for DEP, the LWS worker index and leader address filled in by the kubelet."""
     model = group.model.uri or group.model.expanded_path({"TIDEFLOW_HOME": NODE_CACHE})
-    args = [
-        "serve", "--role", spec.role, "--metrics-group", group.name, "--metrics-version", group.version,
-        "--host", "$(POD_IP)", "--port", str(engine_port(spec)), "--model", model, "--served-model-name", "default",
-        "--max-num-seqs", str(spec.engine.max_num_seqs),
-        "--max-batch-tokens", str(spec.engine.max_batch_tokens),
-        "--block-size", str(spec.engine.block_size),
-        "--max-wait-ms", str(spec.engine.max_wait_ms),
-    ]
-    if spec.engine.kv_cache_bytes is not None:
-        args += ["--kv-cache-bytes", str(spec.engine.kv_cache_bytes)]
-    if spec.engine.kv_cache_fraction is not None:
-        args += ["--kv-cache-fraction", str(spec.engine.kv_cache_fraction)]
-    if group.model.dtype:
-        args += ["--dtype", group.model.dtype]
-    if spec.role in ("prefill", "decode"):
-        args += ["--kv-transport", group.transfer]
-    if spec.members_per_instance > 1:  # the ranks of one LWS group rendezvous at its leader
-        args += ["--dep-rank", "$(LWS_WORKER_INDEX)", "--dep-size", str(spec.members_per_instance),
-                 "--dist-addr", f"$(LWS_LEADER_ADDRESS):{DIST_PORT}"]
-    if spec.engine.faults is not None:
-        args += ["--faults", spec.engine.faults.model_dump_json()]
-    if standby:
-        args.append("--standby")
-    return args
+    return serve_argv(group, spec, model=model, host="$(POD_IP)", port=engine_port(spec), served_name="default",
+                      rank="$(LWS_WORKER_INDEX)", dist_addr=f"$(LWS_LEADER_ADDRESS):{DIST_PORT}", standby=standby)
 
 
 def _env() -> list[dict[str, Any]]:

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import openai
 import pytest
 
-from engine.canary.prometheus import LocalPrometheus, groupset_jobs
+from harness.prometheus import LocalPrometheus, groupset_jobs
 from engine.faults import FaultConfig
 from engine.group.groupset import GroupSetConfig, LocalGroupSet
 from engine.group.manager import GroupState

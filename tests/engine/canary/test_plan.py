@@ -9,7 +9,7 @@ from engine.canary.plan import DEFAULT_SUITE, CanaryPlan, CanaryStep
 def test_default_plan_is_the_issue_s_steps():
     plan = CanaryPlan()
     assert [s.percent for s in plan.steps] == [5, 25, 50, 100]
-    assert plan.suite == DEFAULT_SUITE and plan.on_rollback == "keep" and plan.on_promote == "park"
+    assert plan.suite is None and plan.suite_path() == DEFAULT_SUITE and DEFAULT_SUITE.is_file() and plan.on_rollback == "keep" and plan.on_promote == "park"
 
 
 def test_bare_numbers_become_steps_with_the_default_hold():

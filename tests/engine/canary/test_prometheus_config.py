@@ -6,7 +6,7 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from engine.canary.prometheus import ScrapeJob, render_config
+from harness.prometheus import ScrapeJob, render_config
 
 
 def test_config_names_targets_and_keeps_keys_out(tmp_path):

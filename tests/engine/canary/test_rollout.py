@@ -82,7 +82,7 @@ def hold(fleet, canary: str, the_plan: CanaryPlan, source, index: int = 0, done=
     shift_weights(fleet.gs.admin, "stable", canary, step.percent)
     samples = RouterSamples(fleet.gs.url, fleet.gs.client_key, ["stable", canary])
     try:
-        return hold_step("stable", canary, index, step, the_plan, source, samples, GateSuite(the_plan.suite),
+        return hold_step("stable", canary, index, step, the_plan, source, samples, GateSuite(the_plan.suite_path()),
                          list(done), events.append if events is not None else (lambda e: None))
     finally:
         samples.close()
@@ -145,7 +145,7 @@ def test_a_healthy_canary_passes_and_is_promoted(fleet, load):
             last = hold(fleet, "good", the_plan, source, index=1, done=[first], events=events)
             assert last.passed, last.failures()
             report = conclude(fleet.gs, fleet.gs.admin, "stable", "good", the_plan, [first, last], "promoted",
-                              "every step passed", GateSuite(the_plan.suite), events.append)
+                              "every step passed", GateSuite(the_plan.suite_path()), events.append)
     finally:
         source.close()
     assert set(verdicts(first).values()) == {"pass"} and all(v.canary_n >= 20 and v.p_value is not None

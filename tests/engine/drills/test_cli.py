@@ -7,7 +7,7 @@ import argparse
 import pytest
 
 from engine.drills.cli import add_commands
-from engine.drills.reference_server import ReferenceLatency, serve_reference
+from harness.reference_server import ReferenceLatency, serve_reference
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:

@@ -10,7 +10,7 @@ import pytest
 
 from engine.drills.expectations import DEFAULT_SUITE, validate_steps
 from engine.drills.load import run_load_drill
-from engine.drills.reference_server import ReferenceLatency, serve_reference
+from harness.reference_server import ReferenceLatency, serve_reference
 from engine.drills.results import LoadDrillReport
 from engine.drills.spec import LoadDrillSpec
 

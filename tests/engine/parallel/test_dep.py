@@ -13,7 +13,7 @@ from engine.model_runner import ModelRunner, SeqStep
 from engine.parallel.dep import DEPConfig, DEPRank
 from engine.parallel.dist import DistConfig
 from engine.parallel.launch import RankError, run_ranks
-from engine.parallel.replay import ReplayJob, ReplayStep, SeqSpec, replay_rank
+from harness.dep_replay import ReplayJob, ReplayStep, SeqSpec, replay_rank
 
 EIGHT_EXPERTS = TINY_CONFIG.model_copy(update={"num_experts": 8})
 

@@ -8,8 +8,8 @@ import pytest
 
 from engine.group.spec import InferenceGroup
 from engine.scaling.policy import Bounds, MetricPolicy, ScalingPolicy
-from engine.scaling.replay import replay_day
-from engine.scaling.tide import CompressedClock, TidalDay
+from harness.tidal_replay import replay_day
+from harness.tide import CompressedClock, TidalDay
 
 
 def test_the_day_has_its_phases_and_rates():

@@ -35,6 +35,17 @@ def test_embedded_default_lives_under_tideflow_home(tmp_path, monkeypatch):
     assert default_store_url("tiny", "v1") == (tmp_path / "store/models/tiny/v1").as_uri() + "/"
 
 
+def test_an_empty_tideflow_home_means_the_default_everywhere(monkeypatch, tmp_path):
+    """Not the current directory: every home() (the engine's, the kernels') reads an empty value as unset."""
+    from engine.paths import home
+    from kernels.cache import home as kernels_home
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("TIDEFLOW_HOME", "")
+    assert home() == kernels_home() == tmp_path / ".tideflow"
+    assert FsStoreConfig().root == tmp_path / ".tideflow" / "store"
+
+
 @pytest.mark.parametrize("kwargs, field", [
     ({"bucket": "ab"}, "bucket"),
     ({"bucket": "Bad_Bucket"}, "bucket"),

@@ -113,7 +113,7 @@ def serve_reference(model: str = "reference", latency: ReferenceLatency | None =
 
 
 def main() -> None:
-    """`python -m engine.drills.reference_server --port N`: serve until interrupted (for cross-checks from another process)."""
+    """`python -m harness.reference_server --port N`: serve until interrupted (for cross-checks from another process)."""
     import argparse
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])

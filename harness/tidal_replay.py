@@ -17,7 +17,7 @@ from engine.scaling.autoscaler import Autoscaler
 from engine.scaling.observe import SetObserver
 from engine.scaling.policy import ScalingPolicy
 from engine.scaling.pool import WarmPool
-from engine.scaling.tide import CompressedClock, TidalDay
+from harness.tide import CompressedClock, TidalDay
 
 PHASES = ("night", "ramp", "peak", "fall")
 KEY_ENV = "TIDEFLOW_TIDAL_KEY"

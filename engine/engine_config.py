@@ -1,0 +1,50 @@
+"""The engine's tunables, modelled once: `tideflow serve` takes them as flags, a group spec sets them per role
+(roles[].engine), and the engine loop reads them. Light on purpose (no torch), so specs and CLIs import it."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+
+class EngineKnobs(BaseModel):
+    """One serving engine's knobs, with one set of defaults wherever they are given."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    block_size: int = Field(16, ge=1, le=1024, description="tokens per KV cache block (a power of two)")
+    max_num_seqs: int = Field(64, ge=1, description="most sequences in the running batch")
+    max_batch_tokens: int = Field(2048, ge=1, description="token budget of one model step (decode tokens + prefill chunks)")
+    kv_cache_bytes: int | None = Field(None, gt=0, description="KV cache size in bytes (exclusive with kv_cache_fraction)")
+    kv_cache_fraction: float | None = Field(
+        None, gt=0.0, le=0.95, description="KV cache size as a fraction of available memory; default 0.2 when neither is given"
+    )
+    max_wait_ms: float = Field(
+        2.0, ge=0.0, le=1000.0,
+        description="shuttle window: how long arrivals gather before departing together; 0 dispatches at once "
+        "(2 ms won the window sweep of benchmarks/serving.py)",
+    )
+    max_queue: int = Field(256, ge=0, description="requests allowed to wait for admission; beyond it requests get 429")
+    enable_prefix_cache: bool = Field(True, description="reuse KV blocks of shared prompt prefixes")
+
+    @field_validator("block_size")
+    @classmethod
+    def _power_of_two(cls, value: int) -> int:
+        if value & (value - 1):
+            raise ValueError(f"block_size {value} must be a power of two")
+        return value
+
+    @model_validator(mode="after")
+    def _one_budget(self) -> "EngineKnobs":
+        if self.kv_cache_bytes is not None and self.kv_cache_fraction is not None:
+            raise ValueError("give kv_cache_bytes or kv_cache_fraction, not both")
+        return self
+
+
+class EngineConfig(EngineKnobs):
+    """The knobs plus what only the serving process knows: the served name, dtype and device."""
+
+    model_name: str | None = Field(None, description="model id served on /v1/models; default: the model directory's name")
+    dtype: Literal["float32", "bfloat16"] | None = Field(None, description="weight/activation dtype; default: the checkpoint's")
+    device: str = Field("cpu", description="torch device for weights and KV cache, e.g. cpu or cuda:0")

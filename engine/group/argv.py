@@ -1,0 +1,43 @@
+"""The `tideflow serve` command line of one group member, for both backends (local processes and Kubernetes
+pods): where they differ is only what they pass in (addresses, the model's path, a rank as a number or as
+the pod's $(LWS_WORKER_INDEX))."""
+
+from __future__ import annotations
+
+from engine.group.spec import InferenceGroup, RoleSpec
+
+
+def serve_argv(group: InferenceGroup, spec: RoleSpec, *, model: str, host: str, port: int, served_name: str,
+               rank: str | int | None = None, dist_addr: str | None = None, standby: bool = False) -> list[str]:
+    """`serve ...` for a member of `spec`'s role; `rank` and `dist_addr` are needed when an instance has
+    several members (DEP ranks rendezvous at `dist_addr`)."""
+    e = spec.engine
+    args = [
+        "serve", "--role", spec.role, "--metrics-group", group.name, "--metrics-version", group.version,
+        "--host", host, "--port", str(port), "--model", model, "--served-model-name", served_name,
+        "--max-num-seqs", str(e.max_num_seqs),
+        "--max-batch-tokens", str(e.max_batch_tokens),
+        "--block-size", str(e.block_size),
+        "--max-wait-ms", str(e.max_wait_ms),
+        "--max-queue", str(e.max_queue),
+    ]
+    if not e.enable_prefix_cache:
+        args.append("--no-prefix-cache")
+    if e.kv_cache_bytes is not None:
+        args += ["--kv-cache-bytes", str(e.kv_cache_bytes)]
+    if e.kv_cache_fraction is not None:
+        args += ["--kv-cache-fraction", str(e.kv_cache_fraction)]
+    if group.model.dtype:
+        args += ["--dtype", group.model.dtype]
+    if spec.role in ("prefill", "decode"):
+        args += ["--kv-transport", group.transfer]
+    if spec.members_per_instance > 1:
+        if rank is None or dist_addr is None:
+            raise ValueError(f"role {spec.role} has {spec.members_per_instance} members per instance: "
+                             "a member's rank and the rendezvous address are needed")
+        args += ["--dep-rank", str(rank), "--dep-size", str(spec.members_per_instance), "--dist-addr", dist_addr]
+    if e.faults is not None:
+        args += ["--faults", e.faults.model_dump_json()]
+    if standby:
+        args.append("--standby")
+    return args
