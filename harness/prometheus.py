@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr
 from engine.errors import TideflowError
 from engine.process import Child, free_port, wait_http_ok
 
-TEMPLATE = Path(__file__).resolve().parents[2] / "deployments" / "prometheus" / "prometheus.yml.j2"
+TEMPLATE = Path(__file__).resolve().parents[1] / "deployments" / "prometheus" / "prometheus.yml.j2"
 
 
 class PrometheusError(TideflowError):

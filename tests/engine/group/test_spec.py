@@ -106,7 +106,7 @@ def test_bad_resources_are_named(resources, loc):
 
 def test_engine_args_validation():
     both = {"kv_cache_fraction": 0.5, "kv_cache_bytes": 1024}
-    assert "at most one of kv_cache_fraction or kv_cache_bytes" in error_of(
+    assert "give kv_cache_bytes or kv_cache_fraction, not both" in error_of(
         pd(roles=[{"role": "prefill", "engine": both}, {"role": "decode"}]))
     assert "roles.0.engine.block_size" in error_of(pd(roles=[{"role": "prefill", "engine": {"block_size": 24}}, {"role": "decode"}]))
     assert "roles.0.engine.kv_cache_fraction" in error_of(
