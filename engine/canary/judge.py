@@ -30,12 +30,13 @@ from __future__ import annotations
 
 import functools
 import math
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
-from scipy import stats
+from scipy import special, stats
 
 from engine.router.samples import Sample
 
@@ -125,23 +126,30 @@ _GRID = np.linspace(-8.0, 8.0, 801)  # the statistic S_t ~ N(0, t), t <= 1, in u
 _STEP = float(_GRID[1] - _GRID[0])
 
 
-@functools.lru_cache(maxsize=4096)
-def _boundary(alpha: float, looks: tuple[float, ...]) -> tuple[float, np.ndarray]:
-    """The z boundary of the last of `looks` (information fractions, increasing) and the density on _GRID of
-    the statistic's paths that crossed none of them, under H0 (shift exactly at the margin)."""
+Boundary = tuple[float, np.ndarray]  # a look's z boundary, and the density of the paths that crossed none so far
+_MEMO: OrderedDict[tuple, Boundary] = OrderedDict()  # (alpha, looks) -> Boundary: simulations repeat schedules
+_MEMO_SIZE = 4096
+
+
+def next_boundary(alpha: float, looks: tuple[float, ...], before: Boundary | None) -> Boundary:
+    """The boundary at the last of `looks` (information fractions, increasing), given `before`, the result at
+    the looks before it (None at the first), under H0 (shift exactly at the margin). Iterative, so a long
+    schedule needs no deep recursion; memoised, so seeded simulations compute each schedule once."""
+    key = (alpha, looks)
+    if key in _MEMO:
+        _MEMO.move_to_end(key)
+        return _MEMO[key]
     t = looks[-1]
     spend = spending(alpha, t) - spending(alpha, looks[-2] if len(looks) > 1 else 0.0)
-    if len(looks) == 1:
+    if before is None:
         c = float(stats.norm.isf(spend))
         density = stats.norm.pdf(_GRID, scale=math.sqrt(t))
     else:
-        _, before = _boundary(alpha, looks[:-1])
-        dt = t - looks[-2]
-        sd = math.sqrt(dt)
-        mass = before * _STEP
+        sd = math.sqrt(t - looks[-2])
+        mass = before[1] * _STEP
 
         def crossing(z: float) -> float:
-            return float(mass @ stats.norm.sf((z * math.sqrt(t) - _GRID) / sd))
+            return float(mass @ special.ndtr((_GRID - z * math.sqrt(t)) / sd))  # the normal's upper tail
 
         lo, hi = -2.0, 12.0
         for _ in range(50):  # crossing() falls as z rises
@@ -151,15 +159,26 @@ def _boundary(alpha: float, looks: tuple[float, ...]) -> tuple[float, np.ndarray
             else:
                 hi = mid
         c = hi
-        density = stats.norm.pdf((_GRID[:, None] - _GRID[None, :]) / sd) @ mass / sd
-    density = np.where(_GRID < c * math.sqrt(t), density, 0.0)
-    return c, density
+        density = _kernel(round(sd, 9)) @ mass
+    result = (c, np.where(_GRID < c * math.sqrt(t), density, 0.0))
+    _MEMO[key] = result
+    if len(_MEMO) > _MEMO_SIZE:
+        _MEMO.popitem(last=False)
+    return result
+
+
+@functools.lru_cache(maxsize=64)
+def _kernel(sd: float) -> np.ndarray:
+    """The transition density on _GRID of a Brownian increment with this sd (looks at even spacing share one)."""
+    return stats.norm.pdf((_GRID[:, None] - _GRID[None, :]) / sd) / sd
 
 
 def look_level(alpha: float, looks: tuple[float, ...]) -> float:
     """The nominal one-sided level a test uses at the last of `looks` (its boundary as a tail probability)."""
-    rounded = tuple(round(t, 6) for t in looks)
-    return float(stats.norm.sf(_boundary(alpha, rounded)[0]))
+    state = None
+    for k in range(1, len(looks) + 1):
+        state = next_boundary(alpha, looks[:k], state)
+    return float(stats.norm.sf(state[0]))
 
 
 def _kth_difference(x: np.ndarray, y_sorted: np.ndarray, k: int) -> float:
@@ -253,19 +272,22 @@ class SequentialJudge:
         self.alpha_of = {m: config.alpha * (config.error_alpha_share if m == "errors" else
                                             (1 - config.error_alpha_share) / len(LATENCY_METRICS)) for m in METRICS}
         self._looks: tuple[float, ...] = ()
+        self._boundaries: dict[float, Boundary] = {}  # per alpha share: the state after the latest look
         self._final: dict[str, MetricVerdict] = {}
         self._last: list[MetricVerdict] = []
 
     def look(self, canary: Samples, baseline: Samples, bounds: bool = True) -> list[MetricVerdict]:
-        t = min(1.0, len(canary) / self.config.horizon)
+        t = round(min(1.0, len(canary) / self.config.horizon), 6)  # rounded: schedules repeat exactly (memo)
         if len(canary) >= self.config.min_samples and (not self._looks or t > self._looks[-1]):
             self._looks += (t,)
+            for alpha in set(self.alpha_of.values()):
+                self._boundaries[alpha] = next_boundary(alpha, self._looks, self._boundaries.get(alpha))
         elif self._last and len(canary) >= self.config.min_samples:
             return self._last  # no new canary request since the last look: nothing new to spend
         looking = bool(self._looks) and len(canary) >= self.config.min_samples
         out = []
         for metric in METRICS:
-            level = look_level(self.alpha_of[metric], self._looks) if looking else 0.0
+            level = float(stats.norm.sf(self._boundaries[self.alpha_of[metric]][0])) if looking else 0.0
             verdict = self._final.get(metric) or self._look_metric(metric, canary, baseline, level, bounds)
             if verdict.verdict == "fail" or (verdict.verdict == "pass" and t >= 1.0):
                 self._final[metric] = verdict

@@ -85,3 +85,10 @@ def test_simulated_canaries_meet_the_issue_rates():
     assert slow.judge_fail >= 0.95, slow
     assert errors.judge_fail >= 0.95, errors
     assert good.thresholds_fail > good.judge_fail and slow.thresholds_fail < slow.judge_fail
+
+
+def test_a_long_schedule_of_looks_needs_no_deep_recursion():
+    """More looks than Python's recursion limit (a large horizon, a look per request) still get a boundary."""
+    looks = tuple(round((i + 1) / 1100, 6) for i in range(1100))
+    level = look_level(0.01, looks)
+    assert 0 < level < 0.01
