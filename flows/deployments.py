@@ -1,38 +1,69 @@
-"""Reads deployments/prefect.yaml with Prefect's own loaders, for `tideflow ui` (serve) and the tests."""
+"""Reads deployments/prefect.yaml for `tideflow ui` (serve) and the tests, through Prefect's public API only:
+the YAML is validated here (pydantic), schedules become `prefect.schedules.Cron`, triggers
+`prefect.events.DeploymentEventTrigger`, and each flow's `to_deployment` builds the RunnerDeployment."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from prefect.cli.deploy._config import _load_deploy_configs_and_actions
-from prefect.cli.deploy._schedules import _construct_schedules
-from prefect.cli.deploy._triggers import _initialize_deployment_triggers
-from prefect.client.schemas.actions import DeploymentScheduleCreate
+import yaml
+from prefect.events import DeploymentEventTrigger
 from prefect.flows import load_flow_from_entrypoint
-from rich.console import Console
+from prefect.schedules import Cron
+from pydantic import BaseModel, ConfigDict, Field
+
+from engine.errors import TideflowError
 
 REPO = Path(__file__).resolve().parents[1]
 
 
-def deployment_configs(prefect_yaml: Path) -> list[dict]:
-    """Each deployment as Prefect's CLI sees it, with schedules and triggers built by Prefect."""
-    console = Console(stderr=True)
-    configs, _ = _load_deploy_configs_and_actions(prefect_yaml, console=console)
+class DeploymentsFileError(TideflowError):
+    """prefect.yaml cannot be read or holds a deployment this loader does not understand."""
+
+
+class CronEntry(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    cron: str
+    timezone: str = "UTC"
+    active: bool = True
+
+
+class DeploymentEntry(BaseModel):
+    """One entry of prefect.yaml's `deployments:` (the keys `prefect deploy` reads that tideflow uses)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    entrypoint: str = Field(pattern=r"^[\w./-]+\.py:\w+$")
+    description: str | None = None
+    parameters: dict = Field(default_factory=dict)
+    schedules: list[CronEntry] = Field(default_factory=list)
+    triggers: list[DeploymentEventTrigger] = Field(default_factory=list)
+    work_pool: dict = Field(default_factory=dict)
+
+
+def deployment_entries(prefect_yaml: Path) -> list[DeploymentEntry]:
+    """Each deployment of the file, validated; a wrong key or type names the deployment and the field."""
+    try:
+        data = yaml.safe_load(Path(prefect_yaml).read_text()) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise DeploymentsFileError(f"{prefect_yaml}: {exc}") from None
     out = []
-    for config in configs:
-        config = dict(config)
-        config["schedules"] = _construct_schedules(config, {}, console=console, is_interactive=lambda: False) or []
-        config["triggers"] = _initialize_deployment_triggers(config["name"], config.get("triggers") or [])
-        out.append(config)
+    for i, raw in enumerate(data.get("deployments") or []):
+        try:
+            out.append(DeploymentEntry.model_validate(raw))
+        except ValueError as exc:
+            raise DeploymentsFileError(f"{prefect_yaml}: deployment {raw.get('name', i)!r}: {exc}") from None
     return out
 
 
 def load_deployments(prefect_yaml: Path) -> list:
     """RunnerDeployments to `prefect.serve` (entrypoints are relative to the repository)."""
     deployments = []
-    for config in deployment_configs(prefect_yaml):
-        flow = load_flow_from_entrypoint(str(REPO / config["entrypoint"]), use_placeholder_flow=False)
+    for entry in deployment_entries(prefect_yaml):
+        flow = load_flow_from_entrypoint(str(REPO / entry.entrypoint), use_placeholder_flow=False)
         deployments.append(flow.to_deployment(
-            name=config["name"], description=config.get("description"), parameters=config.get("parameters") or {},
-            schedules=[DeploymentScheduleCreate(**s) for s in config["schedules"]], triggers=config["triggers"]))
+            name=entry.name, description=entry.description, parameters=entry.parameters, triggers=entry.triggers,
+            schedules=[Cron(s.cron, timezone=s.timezone, active=s.active) for s in entry.schedules]))
     return deployments

@@ -1,4 +1,5 @@
-"""deployments/prefect.yaml through Prefect's own loaders: entrypoints import, schedules and triggers as stated."""
+"""deployments/prefect.yaml through Prefect's public API: entrypoints import, schedules and triggers as stated,
+and a malformed entry is refused naming it."""
 
 from __future__ import annotations
 
@@ -6,7 +7,9 @@ from pathlib import Path
 
 from prefect.flows import load_flow_from_entrypoint
 
-from flows.deployments import deployment_configs, load_deployments
+import pytest
+
+from flows.deployments import DeploymentsFileError, deployment_entries, load_deployments
 from tasks.weights import PUBLISHED_EVENT
 
 REPO = Path(__file__).resolve().parents[2]
@@ -14,25 +17,25 @@ PREFECT_YAML = REPO / "deployments" / "prefect.yaml"
 
 
 def test_every_flow_has_a_deployment_whose_entrypoint_imports():
-    configs = {c["name"]: c for c in deployment_configs(PREFECT_YAML)}
+    configs = {c.name: c for c in deployment_entries(PREFECT_YAML)}
     assert set(configs) == {"build-kernels", "publish-weights", "deploy-group", "canary-release", "load-drill-nightly",
                             "fault-drill-nightly", "tidal-scale-up", "tidal-scale-down", "autoscaler", "release"}
     for config in configs.values():
-        flow = load_flow_from_entrypoint(str(REPO / config["entrypoint"]), use_placeholder_flow=False)
-        assert flow.name == config["entrypoint"].rsplit(":", 1)[1]
+        flow = load_flow_from_entrypoint(str(REPO / config.entrypoint), use_placeholder_flow=False)
+        assert flow.name == config.entrypoint.rsplit(":", 1)[1]
 
 
 def test_tidal_crons_nightly_drills_and_the_canary_trigger():
-    configs = {c["name"]: c for c in deployment_configs(PREFECT_YAML)}
+    configs = {c.name: c for c in deployment_entries(PREFECT_YAML)}
 
     def crons(name):
-        return [(s["schedule"].cron, s["schedule"].timezone) for s in configs[name]["schedules"]]
+        return [(s.cron, s.timezone) for s in configs[name].schedules]
 
     assert crons("tidal-scale-up") == [("0 8 * * *", "Asia/Shanghai")]
     assert crons("tidal-scale-down") == [("0 23 * * *", "Asia/Shanghai")]
-    assert configs["tidal-scale-up"]["parameters"]["params"]["target"] > configs["tidal-scale-down"]["parameters"]["params"]["target"]
+    assert configs["tidal-scale-up"].parameters["params"]["target"] > configs["tidal-scale-down"].parameters["params"]["target"]
     assert crons("load-drill-nightly") and crons("fault-drill-nightly")
-    (trigger,) = configs["canary-release"]["triggers"]
+    (trigger,) = configs["canary-release"].triggers
     assert trigger.expect == {PUBLISHED_EVENT}
     assert trigger.parameters["params"]["canary"]["weights_url"] == "{{ event.payload.url }}"
 
@@ -41,3 +44,11 @@ def test_deployments_build_for_serving():
     deployments = {d.name: d for d in load_deployments(PREFECT_YAML)}
     assert deployments["tidal-scale-down"].schedules[0].schedule.cron == "0 23 * * *"
     assert deployments["canary-release"].triggers
+
+
+def test_a_malformed_entry_is_refused_naming_it(tmp_path):
+    bad = tmp_path / "prefect.yaml"
+    bad.write_text("deployments:\n  - name: nightly\n    entrypoint: flows/drills.py:load_drill\n"
+                   "    schedules: [{cron: '0 3 * * *', tz: UTC}]\n")
+    with pytest.raises(DeploymentsFileError, match="nightly"):
+        deployment_entries(bad)
