@@ -13,14 +13,13 @@ import hashlib
 import json
 import os
 import shutil
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import boto3
 
-from engine.process import Child, free_port, start_service
+from harness.moto import start_moto
 from engine.weights import publish
 from engine.weights.config import MiB
 
@@ -66,13 +65,6 @@ def empty_bucket(client, bucket: str) -> None:
     for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket):
         for obj in page.get("Contents", []):
             client.delete_object(Bucket=bucket, Key=obj["Key"])
-
-
-def start_moto(log: Path) -> tuple[Child, str]:
-    port = free_port()
-    endpoint = f"http://127.0.0.1:{port}"
-    argv = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)]
-    return start_service("moto", argv, log, endpoint + "/moto-api/data.json", timeout_s=30), endpoint
 
 
 def main() -> int:

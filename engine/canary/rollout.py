@@ -21,6 +21,7 @@ from engine.canary.metrics import GroupFigures, MetricsSource
 from engine.canary.plan import CanaryPlan, CanaryStep
 from engine.canary.samples import RouterSamples
 from engine.errors import TideflowError
+from engine.router.admin import wait_drained
 from engine.router.samples import Sample
 
 log = logging.getLogger(__name__)
@@ -177,7 +178,7 @@ def conclude(target: Target, admin: RouterVerbs, stable: str, canary: str, plan:
     aftermath = ""
     shift_weights(admin, stable, canary, 100.0 if promoted else 0.0)
     leaving = stable if promoted else canary
-    _drain(admin, leaving, plan.drain_s)
+    wait_drained(admin, leaving, time.monotonic() + plan.drain_s)
     action = plan.on_promote if promoted else plan.on_rollback
     _, fleet = _verbs(target)
     if action == "remove":
@@ -199,9 +200,3 @@ def conclude(target: Target, admin: RouterVerbs, stable: str, canary: str, plan:
     weights = {g["name"]: g["weight"] for g in admin.groups()}
     return CanaryReport(stable=stable, canary=canary, decision=decision, reason=reason, steps=steps, weights=weights,
                         suite=gates.name, aftermath=aftermath)
-
-
-def _drain(admin: RouterVerbs, name: str, drain_s: float) -> None:
-    deadline = time.monotonic() + drain_s
-    while admin.inflight(name) and time.monotonic() < deadline:
-        time.sleep(0.05)

@@ -19,6 +19,7 @@ from pydantic import BaseModel, Field
 from engine.errors import TideflowError
 from engine.group.backend import Backend, BackendError, GroupHandle, MemberStatus, Phase
 from engine.group.spec import InferenceGroup
+from engine.router.admin import wait_drained
 from engine.router.registry import Endpoint
 from engine.scaling.members import MemberSwitch, MemberSwitchError
 from kernels.atomic_file import atomic_write_text
@@ -277,8 +278,7 @@ class ManagedGroup:
         except TideflowError as exc:
             log.info("group %s: not routed any more, nothing to drain (%s)", self.spec.name, exc)
             return
-        while self.router.inflight(self.spec.name) and time.monotonic() < deadline:
-            time.sleep(0.02)
+        wait_drained(self.router, self.spec.name, deadline)
 
     def _match_members(self, handle: GroupHandle) -> str | None:
         """Members started silent (or serving) while `standby` was flipped since: switch them to match."""

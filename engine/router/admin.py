@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import httpx
 
 from engine.errors import TideflowError
@@ -49,6 +51,14 @@ class RouterAdmin:
 
     def close(self) -> None:
         self._client.close()
+
+
+def wait_drained(router, name: str, deadline: float, poll_s: float = 0.02) -> int:
+    """Until monotonic `deadline`, wait for `router` (anything with `inflight(name)`: RouterAdmin, the controller's
+    client) to hold no open request of group `name`; returns the count still open (0: drained)."""
+    while (open_now := router.inflight(name)) and time.monotonic() < deadline:
+        time.sleep(poll_s)
+    return open_now
 
 
 def scrape_members(client: httpx.Client, router_groups: list[dict]) -> list[str]:

@@ -5,14 +5,13 @@ import itertools
 import json
 import os
 import shutil
-import sys
 import uuid
 from pathlib import Path
 
 import boto3
 import pytest
 
-from engine.process import free_port, start_service
+from harness.moto import start_moto
 from engine.weights.config import MiB
 from engine.weights.parts import part_ranges
 from engine.weights.urls import open_store
@@ -32,10 +31,7 @@ _AWS_ENV = {
 def s3_endpoint(tmp_path_factory):
     """A moto S3 server in its own process on 127.0.0.1; env points boto3 (and children) at it."""
     saved = {k: os.environ.get(k) for k in [*_AWS_ENV, "TIDEFLOW_S3_ENDPOINT_URL", "AWS_PROFILE"]}
-    port = free_port()
-    endpoint = f"http://127.0.0.1:{port}"
-    server = start_service("moto", [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                           tmp_path_factory.mktemp("moto") / "server.log", endpoint + "/moto-api/data.json")
+    server, endpoint = start_moto(tmp_path_factory.mktemp("moto") / "server.log", timeout_s=60)
     try:
         os.environ.update(_AWS_ENV, TIDEFLOW_S3_ENDPOINT_URL=endpoint)
         os.environ.pop("AWS_PROFILE", None)
