@@ -303,7 +303,7 @@ class LLMEngine:
         """Requests submitted and not finished yet (queued, running or waiting for KV import)."""
         return len(self._adds) + len(self._requests)
 
-    # ---- KV memory of a silent instance (engine/scaling/silent.py) -----------------------------
+    # ---- KV memory of a silent instance (engine/server/standby.py) -----------------------------
     def release_kv(self) -> None:
         """Free the KV cache tensors, weights stay loaded; only while no request is open."""
         if self.num_open:

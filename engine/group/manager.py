@@ -21,7 +21,7 @@ from engine.group.backend import Backend, BackendError, GroupHandle, MemberStatu
 from engine.group.spec import InferenceGroup
 from engine.router.admin import wait_drained
 from engine.router.registry import Endpoint
-from engine.scaling.members import MemberSwitch, MemberSwitchError
+from engine.group.switch import MemberSwitch, MemberSwitchError
 from kernels.atomic_file import atomic_write_text
 
 log = logging.getLogger(__name__)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 from pydantic import BaseModel, Field
 
-from engine.scaling.silent import ServingSwitch, SwitchError, SwitchReport
+from engine.server.standby import ServingSwitch, SwitchError, SwitchReport
 from engine.server.errors import APIError
 
 

@@ -14,7 +14,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from engine.faults import FaultInjector
 from engine.llm_engine import LLMEngine, RequestOutput, RequestStream
-from engine.scaling.silent import InstanceState, ServingSwitch
+from engine.server.standby import InstanceState, ServingSwitch
 from engine.server.admin_routes import admin_routes
 from engine.server.auth import BearerAuth, publish_openapi
 from engine.server.errors import APIError, error_response, install_error_handlers
