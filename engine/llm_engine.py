@@ -32,7 +32,7 @@ from engine.resume import Resume
 from engine.sampling import SamplingParams, resolve_seed, sample
 from engine.scheduler import Scheduler, StepPlan
 from engine.sequence import Sequence, SeqStatus
-from engine.server.metrics import ServingMetrics
+from engine.metrics import ServingMetrics
 from engine.stop import find_stop, finish_reason
 from engine.tokenizer import IncrementalDecoder, Tokenizer
 

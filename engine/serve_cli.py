@@ -11,12 +11,10 @@ from pydantic import ValidationError
 
 from engine.errors import TideflowError
 from engine.parallel.serve_args import add_arguments as add_dep_arguments, dep_serve_config
+from engine.server.limits import MEMBER_KEEP_ALIVE_S
 from kernels.spec import KERNEL_MODES
 
 log = logging.getLogger(__name__)
-
-# Longer than the router's keepalive_expiry: the router always closes an idle connection first.
-MEMBER_KEEP_ALIVE_S = 30
 
 
 def add_commands(subparsers) -> None:
@@ -76,7 +74,7 @@ def serve(args: argparse.Namespace) -> int:
     from engine.llm_engine import LLMEngine
     from engine.server.app import create_app
     from engine.server.auth import load_api_keys
-    from engine.server.metrics import MetricFactory, ServingMetrics
+    from engine.metrics import MetricFactory, ServingMetrics
     from engine.weights import WeightsError, local_model_dir, require_verified
     from engine.weights.manifest import MANIFEST_NAME
     from kernels.startup import startup_ops

@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
-from engine.drills.workload import LengthDistribution
+from engine.drills.lengths import LengthDistribution
 
 
 class LoadDrillSpec(BaseModel):

@@ -25,7 +25,7 @@ from engine.encoder.worker import EncoderWorker
 from engine.errors import TideflowError
 from engine.server.auth import BearerAuth
 from engine.server.errors import APIError, error_response, install_error_handlers
-from engine.server.metrics import MetricFactory
+from engine.metrics import MetricFactory
 
 log = logging.getLogger(__name__)
 
@@ -140,7 +140,7 @@ def serve_encoder(args: argparse.Namespace) -> int:
         return 1
     log.info("serving the vision encoder on http://%s:%d (%d patches per image)", args.host, args.port,
              encoder.config.num_patches)
-    from engine.serve_cli import MEMBER_KEEP_ALIVE_S
+    from engine.server.limits import MEMBER_KEEP_ALIVE_S
 
     uvicorn.run(create_encoder_app(service, factory, keys), host=args.host, port=args.port, log_level="warning",
                 timeout_keep_alive=MEMBER_KEEP_ALIVE_S)

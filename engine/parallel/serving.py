@@ -28,7 +28,7 @@ from engine.model_runner import SeqStep
 from engine.parallel import dist as pdist
 from engine.parallel.dep import DEPConfig, DEPRank
 from engine.parallel.serve_args import DEPServeConfig
-from engine.server.metrics import ServingMetrics
+from engine.metrics import ServingMetrics
 from engine.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)

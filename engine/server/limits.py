@@ -10,6 +10,9 @@ from __future__ import annotations
 import json
 
 DEFAULT_MAX_BODY_BYTES = 8 << 20  # room for a few base64 images in a chat request
+# A member keeps idle connections open this long: longer than the router's keep-alive expiry (2 s), so the
+# router never sends a request on a socket the member is closing.
+MEMBER_KEEP_ALIVE_S = 30
 
 
 class BodyLimit:

@@ -9,7 +9,8 @@ import pytest
 from pydantic import ValidationError
 
 from engine.drills.spec import LoadDrillSpec
-from engine.drills.workload import LengthDistribution, PromptSynthesizer, build_schedule, load_trace, step_arrivals
+from engine.drills.lengths import LengthDistribution
+from engine.drills.workload import PromptSynthesizer, build_schedule, load_trace, step_arrivals
 from engine.tokenizer import Tokenizer
 
 
