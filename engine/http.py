@@ -3,6 +3,8 @@ must never leave through an HTTP_PROXY)."""
 
 from __future__ import annotations
 
+from typing import AsyncIterator
+
 import httpx
 
 
@@ -19,3 +21,21 @@ def bearer_async_client(key: str | None, base_url: str = "", timeout_s: float = 
     """The same, for the asyncio services (the router) and load generators."""
     return httpx.AsyncClient(base_url=base_url.rstrip("/"), headers=_headers(key), timeout=timeout_s, trust_env=False,
                              limits=limits or httpx.Limits())
+
+
+async def sse_lines(response: httpx.Response) -> AsyncIterator[str]:
+    """The lines of a server-sent event stream, split where SSE splits them (CR, LF or CRLF) and nowhere else.
+
+    httpx's `aiter_lines` splits like `str.splitlines`, also at U+2028, U+0085, U+001C and the like. JSON leaves
+    those characters raw (pydantic writes UTF-8), so a token that decodes to one of them would cut an event
+    in two. Splitting the bytes is safe: CR and LF never occur inside a multi-byte UTF-8 sequence."""
+    pending = b""
+    async for chunk in response.aiter_bytes():
+        pending += chunk
+        held_cr = pending.endswith(b"\r")  # may be the first half of a CRLF: decided with the next chunk
+        lines = (pending[:-1] if held_cr else pending).replace(b"\r\n", b"\n").replace(b"\r", b"\n").split(b"\n")
+        pending = lines.pop() + (b"\r" if held_cr else b"")
+        for line in lines:
+            yield line.decode("utf-8", errors="replace")
+    if pending.rstrip(b"\r"):
+        yield pending.rstrip(b"\r").decode("utf-8", errors="replace")

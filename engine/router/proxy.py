@@ -24,6 +24,7 @@ from typing import AsyncIterator
 import httpx
 from fastapi.responses import Response, StreamingResponse
 
+from engine.http import sse_lines
 from engine.kv_cache import block_hash
 from engine.resume import TRACE_HEADER
 from engine.router.balancer import DecodeBalancer, LeastQueuedBalancer, PrefillBalancer
@@ -263,7 +264,7 @@ class Proxy:
     async def _read_head(self, response: httpx.Response, deadline: float) -> list[str]:
         """Lines up to and including the first data event, so a failure here is still retryable."""
         lines: list[str] = []
-        iterator = response.aiter_lines()
+        iterator = sse_lines(response)
         response.extensions["tideflow_lines"] = iterator
         while True:
             try:

@@ -35,7 +35,8 @@ class SamplePage(BaseModel):
 
 
 class SampleLog:
-    """A bounded, numbered buffer of samples; appended from the event loop, read from the same loop."""
+    """A bounded, numbered buffer of samples; appended and read from the router's event loop (the lock keeps
+    it whole should a page ever be read from another thread)."""
 
     def __init__(self, capacity: int = DEFAULT_CAPACITY) -> None:
         self._items: deque[Sample] = deque(maxlen=capacity)
@@ -49,24 +50,25 @@ class SampleLog:
             self._items.append(Sample(seq=self._seq, group=group, version=version, ok=ok, ttft=ttft, tpot=tpot, e2e=e2e))
 
     def page(self, after: int, groups: set[str] | None, limit: int) -> SamplePage:
-        """Samples numbered above `after` (of `groups`, or all), oldest first, at most `limit`."""
+        """Samples numbered above `after` (of `groups`, or all), oldest first, at most `limit`. The buffer is
+        walked in place from the cursor (samples are numbered without gaps, so the cursor gives the index), and
+        a deque reads fast near its ends, where a poller's cursor lies."""
         with self._lock:
-            items, newest = list(self._items), self._seq
-        if after > newest:  # a cursor from before this router restarted: everything here is new to it
-            after = 0
-        if limit == 0:  # where the log stands now
-            return SamplePage(next=newest)
-        oldest = items[0].seq if items else newest + 1
-        dropped = max(0, oldest - after - 1) if after < newest else 0
-        out: list[Sample] = []
-        cursor = max(after, oldest - 1)
-        start = max(0, after - oldest + 1)
-        for s in items[start:]:
-            if len(out) >= limit:
-                break
-            cursor = s.seq
-            if groups is None or s.group in groups:
-                out.append(s)
-        else:
-            cursor = newest
+            newest = self._seq
+            if after > newest:  # a cursor from before this router restarted: everything here is new to it
+                after = 0
+            if limit == 0:  # where the log stands now
+                return SamplePage(next=newest)
+            oldest = self._items[0].seq if self._items else newest + 1
+            dropped = max(0, oldest - after - 1) if after < newest else 0
+            out: list[Sample] = []
+            index, cursor = max(0, after - oldest + 1), max(after, oldest - 1)
+            while index < len(self._items) and len(out) < limit:
+                sample = self._items[index]
+                cursor = sample.seq
+                if groups is None or sample.group in groups:
+                    out.append(sample)
+                index += 1
+            if index >= len(self._items):
+                cursor = newest
         return SamplePage(next=cursor, dropped=dropped, samples=out)

@@ -113,13 +113,13 @@ def test_engine_args_validation():
         pd(roles=[{"role": "prefill", "engine": {"kv_cache_fraction": 1.5}}, {"role": "decode"}]))
 
 
-def test_model_path_expands_vars_and_home(monkeypatch):
+def test_model_path_expands_vars_and_home(monkeypatch, tmp_path):
     monkeypatch.setenv("TIDEFLOW_HOME", "/srv/tf")
-    monkeypatch.setenv("HOME", "/home/u")
+    monkeypatch.setenv("HOME", str(tmp_path))
     group = InferenceGroup.model_validate(pd(model={"path": "${TIDEFLOW_HOME}/models/default"}))
     assert group.model.expanded_path() == "/srv/tf/models/default"
     assert group.model.path == "${TIDEFLOW_HOME}/models/default"
-    assert InferenceGroup.model_validate(pd(model={"path": "~/m"})).model.expanded_path() == "/home/u/m"
+    assert InferenceGroup.model_validate(pd(model={"path": "~/m"})).model.expanded_path() == str(tmp_path / "m")
     assert group.model.expanded_path({"TIDEFLOW_HOME": "/var/lib/tideflow"}) == "/var/lib/tideflow/models/default"
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 
 import httpx
+import openai
 import pytest
 import schemathesis
 from fastapi import FastAPI
@@ -39,6 +40,8 @@ def misbehaving_upstream() -> FastAPI:
 
         if body.get("prompt") in ("break", "break-always"):
             return StreamingResponse(_breaking(body["prompt"]), media_type="text/event-stream")
+        if body.get("prompt") == "separators":
+            return StreamingResponse(_separators(), media_type="text/event-stream")
 
         async def nothing():  # 200, then the stream ends before its first event
             if False:
@@ -66,11 +69,12 @@ def misbehaving_upstream() -> FastAPI:
 RESUMED: list[dict] = []
 
 
-def _event(text: str, tokens: list[int], reason: str | None = None, prompt: list[int] | None = None) -> str:
+def _event(text: str, tokens: list[int], reason: str | None = None, prompt: list[int] | None = None,
+           ascii_only: bool = True) -> str:
     trace = {"token_ids": tokens, "seed": 7, **({"prompt_token_ids": prompt} if prompt else {})}
     choice = {"index": 0, "text": text, **({"finish_reason": reason} if reason else {})}
     return "data: " + json.dumps({"id": "cmpl-1", "object": "text_completion", "created": 1, "model": "default",
-                                  "choices": [choice], "tideflow": trace}) + "\n\n"
+                                  "choices": [choice], "tideflow": trace}, ensure_ascii=ascii_only) + "\n\n"
 
 
 async def _breaking(prompt: str, resumed: bool = False):
@@ -79,12 +83,28 @@ async def _breaking(prompt: str, resumed: bool = False):
     raise RuntimeError("member killed")
 
 
+SEPARATORS = "a\u2028b\x85c\x1cd\u2029e\x0bf\x0cg"  # str.splitlines breaks at each; SSE at none
+
+
+async def _separators():
+    """Tokens whose text holds characters that are line breaks to `str.splitlines` but not to SSE, written raw
+    (as pydantic writes them), with CRLF line ends, cut into chunks inside characters and inside each CRLF."""
+    events = [_event(SEPARATORS[:5], [5], prompt=[1, 2], ascii_only=False),
+              _event(SEPARATORS[5:], [6], "length", ascii_only=False), "data: [DONE]\n\n"]
+    data = "".join(events).replace("\n", "\r\n").encode()
+    cuts = [i for i in range(1, len(data)) if data[i:i + 1] == b"\n" or data[i] >= 0x80] + [len(data)]
+    start = 0
+    for cut in cuts:
+        yield data[start:cut]
+        start = cut
+
+
 @pytest.fixture(scope="module")
 def router():
     with serve_in_thread(misbehaving_upstream()) as upstream:
         config = RouterConfig(rate_limit_rps=0.01, rate_limit_burst=3, health_interval_s=0.2, max_attempts=2,
                               member_networks=["127.0.0.0/8"])  # the fuzzer may register nothing else
-        with serve_in_thread(create_router_app(config, [CLIENT, "other-key", "resume-key", "break-key", "samples-key"], [ADMIN])) as url:
+        with serve_in_thread(create_router_app(config, [CLIENT, "other-key", "resume-key", "break-key", "samples-key", "separators-key"], [ADMIN])) as url:
             admin = httpx.Client(base_url=url, headers={"authorization": f"Bearer {ADMIN}"}, trust_env=False)
             r = admin.post("/admin/groups", json={"name": "bad", "version": "v1",
                                                   "endpoints": [{"url": upstream, "role": "colocated"}]})
@@ -123,6 +143,17 @@ def test_samples_count_a_failed_try_against_its_group_and_need_a_client_key(rout
         assert c.get("/samples", params={"after": cursor, "group": "other"}).json()["samples"] == []
         assert c.get("/samples", params={"limit": -1}).status_code == 400  # the error handlers answer 400
     assert httpx.get(url + "/samples", trust_env=False).status_code == 401
+
+
+def test_text_with_unicode_line_separators_passes_the_router_whole(router):
+    """A token may decode to U+2028, U+0085 or another character that `str.splitlines` breaks at; the router reads
+    SSE lines as SSE defines them, so the event is not cut in two (it used to end as a 502 'not JSON')."""
+    url, _ = router
+    client = openai.OpenAI(base_url=url + "/v1", api_key="separators-key", max_retries=0,
+                           http_client=httpx.Client(trust_env=False, timeout=30))
+    chunks = list(client.completions.create(model="default", prompt="separators", max_tokens=2, stream=True))
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == SEPARATORS
+    assert client.completions.create(model="default", prompt="separators", max_tokens=2).choices[0].text == SEPARATORS
 
 
 def test_a_stream_broken_mid_answer_resumes_from_what_the_client_got(router):
