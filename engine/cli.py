@@ -30,6 +30,7 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
     gen.add_argument("--seed", type=int, default=None)
     gen.add_argument("--stop", action="append", default=[])
     gen.add_argument("--dtype", choices=["float32", "bfloat16"], default=None)
+    gen.add_argument("--device", default="cpu", help="cpu (default), cuda or cuda:<index>")
     gen.add_argument("--kernels", choices=KERNEL_MODES, default=None,
                      help="auto (default): build the compiled ops once if missing; cached; reference")
     gen.set_defaults(func=_generate)
@@ -47,7 +48,8 @@ def _init(args: argparse.Namespace) -> int:
 def _generate(args: argparse.Namespace) -> int:
     from engine.generate import GenerationStats, generate
     from engine.model import load_model
-    from kernels.startup import startup_ops
+    from engine.device import resolve_device
+    from kernels.startup import arch_for, startup_ops
     from engine.sampling import SamplingParams
     from engine.tokenizer import Tokenizer
 
@@ -55,8 +57,9 @@ def _generate(args: argparse.Namespace) -> int:
     if args.model is None and not (model_dir / "config.json").exists():
         _init(argparse.Namespace(dir=model_dir, seed=0, tiny=False, dtype=args.dtype or "float32"))
     t0 = time.perf_counter()
-    compiled = startup_ops("native", args.kernels)
-    model = load_model(model_dir, args.dtype)
+    device = resolve_device(args.device)
+    compiled = startup_ops(arch_for(device), args.kernels)
+    model = load_model(model_dir, args.dtype, device)
     tok = Tokenizer(model_dir)
     load_s = time.perf_counter() - t0
     prompts = args.prompt or ["The release pipeline compiles the kernels, publishes the weights and"]

@@ -47,4 +47,6 @@ class EngineConfig(EngineKnobs):
 
     model_name: str | None = Field(None, description="model id served on /v1/models; default: the model directory's name")
     dtype: Literal["float32", "bfloat16"] | None = Field(None, description="weight/activation dtype; default: the checkpoint's")
-    device: str = Field("cpu", description="torch device for weights and KV cache, e.g. cpu or cuda:0")
+    device: str = Field("cpu", pattern=r"^(cpu|cuda(:[0-9]+)?)$",
+                        description="torch device for weights and KV cache: cpu, cuda (the first GPU the process sees) "
+                                    "or cuda:<index>")

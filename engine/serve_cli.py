@@ -36,7 +36,8 @@ def add_commands(subparsers) -> None:
     p.add_argument("--no-prefix-cache", action="store_true", help="do not reuse KV blocks of shared prompt prefixes")
     p.add_argument("--max-body-bytes", type=int, default=8 << 20, help="largest request body accepted (413 above)")
     p.add_argument("--dtype", choices=["float32", "bfloat16"])
-    p.add_argument("--device")
+    p.add_argument("--device", help="cpu (default), cuda (the first GPU this process sees) or cuda:<index>; the "
+                                    "compiled ops of that device are built and used")
     p.add_argument("--role", choices=["colocated", "prefill", "decode", "encoder"], default="colocated",
                    help="colocated: the whole request; prefill/decode/encoder: one stage of a disaggregated group")
     p.add_argument("--kv-transport", choices=["shm", "tcp"], default="shm",
@@ -77,7 +78,8 @@ def serve(args: argparse.Namespace) -> int:
     from engine.metrics import MetricFactory, ServingMetrics
     from engine.weights import WeightsError, local_model_dir, require_verified
     from engine.weights.manifest import MANIFEST_NAME
-    from kernels.startup import startup_ops
+    from engine.device import resolve_device
+    from kernels.startup import arch_for, startup_ops
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
@@ -95,7 +97,7 @@ def serve(args: argparse.Namespace) -> int:
         faults = FaultInjector(FaultConfig.parse(args.faults)) if args.faults else None
         if args.require_verified or (Path(args.model) / MANIFEST_NAME).exists():
             require_verified(args.model)
-        startup_ops("native", args.kernels)
+        startup_ops(arch_for(resolve_device(config.device)), args.kernels)
         metrics = ServingMetrics(MetricFactory(group=args.metrics_group, version=args.metrics_version, role=args.role))
         dep = dep_serve_config(args)
         if dep is not None:

@@ -145,7 +145,7 @@ def build(request: BuildRequest, progress: Progress | None = None) -> BuildManif
             say(f"checking {op}")
             results.append(_verify(op, impls[op], device, request))
             if request.activate and results[-1].status == "verified":
-                ops.use_compiled(op, impls[op])
+                ops.use_compiled(op, impls[op], device)
     manifest = BuildManifest(
         target=request.target,
         arch=request.arch,

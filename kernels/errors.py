@@ -17,3 +17,8 @@ class BuildFailed(RuntimeError):
         lines += [f"  {r.op}: {r.status}: {r.message}" for r in manifest.failures()]
         super().__init__("\n".join(lines))
         self.manifest = manifest
+
+
+class KernelInputError(TypeError):
+    """A compiled op was handed tensors it cannot compute on (another device, an unsupported dtype): a clear
+    error instead of a crash or a wrong answer from raw pointers of the wrong memory."""

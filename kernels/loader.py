@@ -42,7 +42,8 @@ def newest_verified(manifests: list[BuildManifest]) -> dict[str, BuildManifest]:
 
 
 def load_cached(arch: str = "cpu") -> dict[str, Callable]:
-    """Route every op with a cached verified build to it (kernels.ops.use_compiled)."""
+    """Route every op with a cached verified build to it (kernels.ops.use_compiled), for tensors of the
+    build's device (a CPU arch: CPU tensors; sm_XX: CUDA tensors)."""
     backend = backend_of(arch)
     chosen = newest_verified(cache.read_manifests(backend, arch))
     loaded: dict[str, Callable] = {}
@@ -56,7 +57,7 @@ def load_cached(arch: str = "cpu") -> dict[str, Callable]:
                         key, ", ".join(names), exc)
             continue
         for name, fn in impls.items():
-            ops.use_compiled(name, fn)
+            ops.use_compiled(name, fn, "cpu" if backend == "cpu" else "cuda")
             loaded[name] = fn
     missing = [op for op in ops.OP_NAMES if op not in loaded]
     if missing:

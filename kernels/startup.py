@@ -16,6 +16,8 @@ import os
 from contextlib import contextmanager
 from typing import Callable
 
+import torch
+
 from kernels import cache, ops
 from kernels.build import build, cache_key_of
 from kernels.errors import BuildFailed
@@ -23,6 +25,14 @@ from kernels.loader import load_cached
 from kernels.spec import KERNEL_MODES, KERNELS_ENV, BuildRequest, backend_of
 
 log = logging.getLogger(__name__)
+
+
+def arch_for(device: torch.device) -> str:
+    """The kernel build a device computes with: the host's own CPU (`native`) or the GPU's `sm_XY`."""
+    if device.type == "cuda":
+        major, minor = torch.cuda.get_device_capability(device)
+        return f"sm_{major}{minor}"
+    return "native"
 
 
 def startup_ops(arch: str = "native", mode: str | None = None,

@@ -29,6 +29,8 @@ def serve_argv(group: InferenceGroup, spec: RoleSpec, *, model: str, host: str, 
         args += ["--kv-cache-fraction", str(e.kv_cache_fraction)]
     if group.model.dtype:
         args += ["--dtype", group.model.dtype]
+    if spec.resources.gpus:  # the backend shows the member only its own GPUs: cuda is the first of them
+        args += ["--device", "cuda"]
     if spec.role in ("prefill", "decode"):
         args += ["--kv-transport", group.transfer]
     if spec.members_per_instance > 1:

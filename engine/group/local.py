@@ -14,6 +14,7 @@ from pydantic import BaseModel, Field
 
 from engine.group.argv import serve_argv
 from engine.group.backend import Backend, BackendError, GroupHandle, MemberIdentity, MemberStatus, Phase
+from engine.group.gpus import VISIBLE_ENV, GpuPool, GpuShortage
 from engine.group.spec import InferenceGroup, Member, Role
 from engine.http import bearer_client
 from engine.paths import home
@@ -33,6 +34,7 @@ class MemberRecord(BaseModel):
     pid: int = Field(ge=1)
     ticks: int = Field(ge=0, description="kernel start time of pid (clock ticks since boot)")
     log_path: str
+    gpus: list[str] = Field(default_factory=list, description="the host GPUs the member owns (CUDA_VISIBLE_DEVICES)")
 
 
 class ProcessLedger(Protocol):
@@ -49,6 +51,12 @@ class _Running:
     handle: GroupHandle
     children: dict[Member, Child | Adopted] = field(default_factory=dict)
     ports: dict[Member, int] = field(default_factory=dict)
+    gpus: dict[Member, list[str]] = field(default_factory=dict)
+
+
+def _member_name(handle_id: str, role: str, instance: int, rank: int) -> str:
+    """A member's process name: its log file's name and the owner of its GPUs."""
+    return f"{handle_id}-{role}{instance}r{rank}"
 
 
 class LocalProcessBackend(Backend):
@@ -58,11 +66,12 @@ class LocalProcessBackend(Backend):
 
     def __init__(self, model_dir: Path, api_key: str, model_name: str = "default", log_dir: Path | None = None,
                  host: str = "127.0.0.1", extra_env: dict[str, str] | None = None,
-                 ledger: ProcessLedger | None = None) -> None:
+                 ledger: ProcessLedger | None = None, gpus: GpuPool | None = None) -> None:
         self.model_dir, self.api_key, self.model_name, self.host = model_dir, api_key, model_name, host
         self.log_dir = log_dir or home() / "logs"
         self.extra_env = extra_env or {}
         self.ledger = ledger
+        self.gpus = gpus or GpuPool()
         self._running: dict[str, _Running] = {}
         self._lock = threading.Lock()
 
@@ -76,6 +85,9 @@ class LocalProcessBackend(Backend):
             for spec in group.roles:
                 for instance in range(spec.instances):
                     self._start_instance(run, spec.role, instance)
+        except GpuShortage as exc:
+            self.delete(handle)
+            raise BackendError(f"could not start group {group.name}: it {exc}") from None
         except OSError as exc:
             self.delete(handle)
             raise BackendError(f"could not start group {group.name}: {exc}") from None
@@ -85,18 +97,22 @@ class LocalProcessBackend(Backend):
         spec = run.group.role(role)
         size = spec.members_per_instance
         dist_port = free_port(self.host) if size > 1 else None
-        for rank in range(size):
+        names = [_member_name(run.handle.id, role, instance, rank) for rank in range(size)]
+        owned = self.gpus.take({name: spec.resources.gpus for name in names})  # the instance's GPUs, or none of it
+        for rank, name in enumerate(names):
             member = Member(role=role, instance=instance, rank=rank, size=size)
             port = (spec.port_base + instance * size + rank) if spec.port_base else free_port(self.host)
             argv = tideflow_argv(*self.member_args(run.group, member, port, dist_port, run.handle.standby))
-            name = f"{run.handle.id}-{role}{instance}r{rank}"
             env = {"TIDEFLOW_API_KEYS": self.api_key, **self.extra_env}
+            if owned[name]:
+                env[VISIBLE_ENV] = ",".join(owned[name])
+            run.gpus[member] = owned[name]
             child = run.children[member] = Child(name, argv, self.log_dir / f"{name}.log", env)
             run.ports[member] = port
             if self.ledger is not None:
                 self.ledger.record(MemberRecord(
                     handle_id=run.handle.id, group=run.group.name, role=role, instance=instance, rank=rank, size=size,
-                    port=port, pid=child.pid, ticks=child.start_ticks, log_path=str(child.log_path)))
+                    port=port, pid=child.pid, ticks=child.start_ticks, log_path=str(child.log_path), gpus=owned[name]))
 
     def adopt(self, group: InferenceGroup, records: list[MemberRecord], standby: bool) -> GroupHandle:
         """Take over a group an earlier controller started, every member still the same process.
@@ -112,14 +128,17 @@ class LocalProcessBackend(Backend):
         missing = []
         for rec in records:
             member = Member(role=rec.role, instance=rec.instance, rank=rec.rank, size=rec.size)
-            proc = adopt(f"{rec.handle_id}-{rec.role}{rec.instance}r{rec.rank}", rec.pid, rec.ticks, Path(rec.log_path))
+            name = _member_name(rec.handle_id, rec.role, rec.instance, rec.rank)
+            proc = adopt(name, rec.pid, rec.ticks, Path(rec.log_path))
             if proc is None:
                 missing.append(f"{rec.role}/{rec.instance}/{rec.rank} pid {rec.pid}")
                 continue
-            run.children[member], run.ports[member] = proc, rec.port
+            run.children[member], run.ports[member], run.gpus[member] = proc, rec.port, rec.gpus
+            self.gpus.hold(name, rec.gpus)
         if missing or len(run.children) != group.total_members:
             for proc in run.children.values():
                 proc.stop(grace_s=2.0)
+            self._give_back_gpus(run, run.children)
             if self.ledger is not None:
                 self.ledger.forget(handle.id)
             raise BackendError(f"group {group.name} cannot be adopted: gone {missing or 'members'}")
@@ -198,11 +217,16 @@ class LocalProcessBackend(Backend):
             raise BackendError(f"no running group named {group_name}")
         run = runs[-1]
         current = 1 + max((m.instance for m in run.children if m.role == role), default=-1)
-        for instance in range(current, instances):
-            self._start_instance(run, role, instance)
-        for member in [m for m in run.children if m.role == role and m.instance >= instances]:
+        try:
+            for instance in range(current, instances):
+                self._start_instance(run, role, instance)
+        except GpuShortage as exc:
+            raise BackendError(f"could not scale {group_name}/{role} to {instances} instances: it {exc}") from None
+        gone = [m for m in run.children if m.role == role and m.instance >= instances]
+        for member in gone:
             run.children.pop(member).stop()
             run.ports.pop(member)
+        self._give_back_gpus(run, gone)
 
     def delete(self, handle: GroupHandle) -> None:
         with self._lock:
@@ -210,8 +234,15 @@ class LocalProcessBackend(Backend):
         if run is not None:
             for child in run.children.values():
                 child.stop(grace_s=2.0)
+            self._give_back_gpus(run, list(run.children))
         if self.ledger is not None:
             self.ledger.forget(handle.id)
+
+    def _give_back_gpus(self, run: _Running, members) -> None:
+        """Free the GPUs of stopped members (a member that never owned any frees nothing)."""
+        self.gpus.give_back({_member_name(run.handle.id, m.role, m.instance, m.rank) for m in members})
+        for m in list(members):
+            run.gpus.pop(m, None)
 
     def kill(self, handle: GroupHandle, member: MemberIdentity, confirm_s: float = 10.0) -> bool:
         """SIGKILL the member's process."""

@@ -1,8 +1,8 @@
 """The InferenceGroup spec: one atomic serving unit (roles x instances x members), read from YAML.
 
 A group is either one `colocated` role, or `prefill` + `decode` with an optional `encoder`.
-Each role runs `instances` independent instances; an instance of strategy `DEP<n>`/`TP<n>`
-is n members (ranks) that start, fail and are rebuilt together.
+Each role runs `instances` independent instances; an instance of strategy `DEP<n>` is n members (ranks)
+that start, fail and are rebuilt together. `TP1` is one member; `TP<n>` for n > 1 is refused (not built).
 """
 
 from __future__ import annotations
@@ -77,7 +77,8 @@ class Resources(BaseModel):
 
     cpu: str = Field("1", description="CPU cores as a Kubernetes quantity, e.g. '500m', '4'")
     memory: str = Field("4Gi", description="memory as a Kubernetes quantity, e.g. '16Gi'")
-    gpus: int = Field(0, ge=0, le=16, description="GPUs per member (nvidia.com/gpu)")
+    gpus: int = Field(0, ge=0, le=16, description="GPUs per member (nvidia.com/gpu on Kubernetes; locally its own "
+                                                  "GPUs via CUDA_VISIBLE_DEVICES); a member with GPUs computes on cuda")
 
     @field_validator("cpu", "memory", mode="before")
     @classmethod
@@ -106,7 +107,8 @@ class RoleSpec(BaseModel):
 
     role: Role = Field(description="what this role's members do")
     instances: int = Field(1, ge=1, le=MAX_INSTANCES, description=f"independent instances of this role (1..{MAX_INSTANCES})")
-    parallel: str = Field("DEP1", description="strategy per instance: DEP<n> or TP<n>, n members, n a power of two <= 64")
+    parallel: str = Field("DEP1", description="strategy per instance: DEP<n>, n members, n a power of two <= 64 "
+                                              "(TP1 is one member too; TP<n> for n > 1 is refused: not implemented)")
     resources: Resources = Field(default_factory=Resources, description="per member")
     engine: EngineArgs = Field(default_factory=EngineArgs, description="engine args of every member")
     port_base: int | None = Field(None, ge=1024, le=65535, description="first port of this role's members (local backend)")
@@ -120,6 +122,10 @@ class RoleSpec(BaseModel):
         n = int(match.group(2))
         if n > MAX_MEMBERS_PER_INSTANCE or n & (n - 1):
             raise ValueError(f"{value!r}: the degree must be a power of two <= {MAX_MEMBERS_PER_INSTANCE}")
+        if match.group(1) == "TP" and n > 1:
+            raise ValueError(f"{value!r}: tensor parallelism is not implemented (no member would shard attention or "
+                             f"the dense layers); use DEP{n} (experts sharded over {n} members, attention per member) "
+                             "or TP1")
         return value
 
     @property

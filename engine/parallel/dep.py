@@ -14,10 +14,11 @@ from functools import partial
 import torch
 import torch.distributed as dist
 from prometheus_client import CollectorRegistry
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from engine.eplb import Placement
 from engine.expert_lb import ExpertLB, ExpertLBConfig
+from engine.kv_cache import num_blocks_for_budget
 from engine.model.loader import load_model, read_config
 from engine.model_runner import ModelRunner, SeqStep
 from engine.parallel.dispatch import Exchange, ExchangeKind, ExpertDispatch, as_bytes, from_bytes
@@ -32,11 +33,22 @@ class DEPConfig(BaseModel):
 
     model_dir: str = Field(description="Hugging Face checkpoint directory")
     dtype: str | None = Field(None, description="override config.json's dtype (float32 | bfloat16)")
-    num_blocks: int = Field(64, gt=0, description="KV cache blocks per rank")
+    num_blocks: int | None = Field(64, gt=0, description="KV cache blocks per rank; None: sized from the budget below "
+                                                         "once this rank's weights are loaded")
+    kv_cache_bytes: int | None = Field(None, gt=0, description="with num_blocks None: the KV cache's bytes per rank")
+    kv_cache_fraction: float | None = Field(None, gt=0.0, le=0.95,
+                                            description="with num_blocks None: the fraction of the memory left after "
+                                                        "the weights (free GPU memory on cuda, available host memory on cpu)")
     block_size: int = Field(16, gt=0, description="tokens per KV block")
     exchange: ExchangeKind = Field("alltoall", description="dispatch/combine transport (see engine.parallel.dispatch)")
     window_steps: int = Field(64, gt=0, description="sliding window of the expert load statistics, in steps")
     lb: ExpertLBConfig = Field(default_factory=ExpertLBConfig, description="expert LB / EPLB settings")
+
+    @model_validator(mode="after")
+    def _one_size(self) -> "DEPConfig":
+        if self.num_blocks is None and (self.kv_cache_bytes is None) == (self.kv_cache_fraction is None):
+            raise ValueError("with num_blocks None, give exactly one of kv_cache_bytes and kv_cache_fraction")
+        return self
 
 
 class DEPRank:
@@ -45,7 +57,7 @@ class DEPRank:
     def __init__(self, dist_config: DistConfig, config: DEPConfig, placement: Placement | None = None,
                  registry: CollectorRegistry | None = None) -> None:
         self.rank, self.world = dist_config.rank, dist_config.world_size
-        self.device = dist_config.device
+        self.device = dist_config.torch_device
         model_config = read_config(config.model_dir, config.dtype)
         self.moe_index = [i for i in range(model_config.num_layers) if model_config.is_moe_layer(i)]
         placement = placement or Placement.contiguous(len(self.moe_index), model_config.num_experts, self.world)
@@ -57,7 +69,7 @@ class DEPRank:
             shards[layer] = placement.rank_experts(j, self.rank)
         self.model = load_model(config.model_dir, config.dtype, self.device, expert_ids=shards)
         self.config = self.model.config
-        self.runner = ModelRunner(self.model, config.num_blocks, config.block_size)
+        self.runner = ModelRunner(self.model, self._num_blocks(config), config.block_size)
         self.exchange = Exchange(config.exchange, self.rank, self.world, self.device)
         self.dispatch = ExpertDispatch(self.exchange, placement.slots_per_rank)
         self.lb = ExpertLB(placement, config.lb)
@@ -66,6 +78,14 @@ class DEPRank:
         for j, moe in enumerate(self.model.moe_layers()):
             moe.dispatcher = partial(self._dispatch, j)
             moe.load_observer = partial(self.stats.observe, j)
+
+    def _num_blocks(self, config: DEPConfig) -> int:
+        """The KV cache's blocks, sized after the weights (and this rank's expert shard) took their memory:
+        sized before, a fraction of free GPU memory would count the weights' memory twice and run out."""
+        if config.num_blocks is not None:
+            return config.num_blocks
+        return num_blocks_for_budget(self.config, config.block_size, self.device, kv_cache_bytes=config.kv_cache_bytes,
+                                     kv_cache_fraction=config.kv_cache_fraction)
 
     @property
     def placement(self) -> Placement:

@@ -1,4 +1,5 @@
-"""Process-group setup for a DEP instance: gloo on CPU, NCCL on CUDA, rendezvous over TCP at rank 0 (127.0.0.1 by default)."""
+"""Process-group setup for a DEP instance: gloo on CPU, NCCL on CUDA (chosen by the engine's device, not by whether
+this host has a GPU), rendezvous over TCP at rank 0 (127.0.0.1 by default)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,10 @@ class DistConfig(BaseModel):
     world_size: int = Field(gt=0, description="ranks in the instance (the n of DEP<n>)")
     host: str = Field("127.0.0.1", min_length=1, description="host of rank 0's TCP store")
     port: int = Field(gt=0, lt=65536, description="TCP store port on `host`, served by rank 0")
-    backend: Backend | None = Field(None, description="collective backend; None picks nccl with CUDA, else gloo")
+    device: str = Field("cpu", pattern=r"^(cpu|cuda(:[0-9]+)?)$",
+                        description="the engine's device: cuda ranks own one GPU each (cuda: the rank's own of the GPUs "
+                                    "it sees), cpu ranks compute on the host")
+    backend: Backend | None = Field(None, description="collective backend; None: nccl for cuda ranks, gloo for cpu ranks")
     timeout_s: float = Field(60.0, gt=0, description="a collective that waits longer than this fails the rank")
 
     @model_validator(mode="after")
@@ -34,20 +38,21 @@ class DistConfig(BaseModel):
     def resolved_backend(self) -> Backend:
         if self.backend is not None:
             return self.backend
-        return "nccl" if torch.cuda.is_available() else "gloo"
+        return "nccl" if self.device.startswith("cuda") else "gloo"
 
     @property
-    def device(self) -> torch.device:
-        """NCCL ranks own one GPU each; gloo ranks compute on the CPU."""
-        if self.resolved_backend == "nccl":
-            return torch.device("cuda", self.rank % torch.cuda.device_count())
-        return torch.device("cpu")
+    def torch_device(self) -> torch.device:
+        """A cuda rank's GPU: the one named, else the rank's own among those it sees (a local backend shows each
+        member only its own GPU, so that is cuda:0; ranks started by hand on one host spread by rank)."""
+        if self.device == "cuda":
+            return torch.device("cuda", self.rank % max(1, torch.cuda.device_count()))
+        return torch.device(self.device)
 
 
 def init(config: DistConfig) -> None:
     """Join the instance's default process group (blocks until every rank has joined)."""
     if config.resolved_backend == "nccl":
-        torch.cuda.set_device(config.device)
+        torch.cuda.set_device(config.torch_device)
     dist.init_process_group(
         config.resolved_backend, init_method=f"tcp://{config.host}:{config.port}", rank=config.rank,
         world_size=config.world_size, timeout=timedelta(seconds=config.timeout_s),

@@ -18,12 +18,13 @@ class DEPServeConfig(BaseModel):
     imbalance_threshold: float = Field(1.1, ge=1.0, description="rebalance when max/mean rank load exceeds this")
     idle_wait_s: float = Field(0.002, gt=0, le=0.1, description="wait between polls when no rank has work")
 
-    def dist_config(self):
-        """The engine.parallel.dist.DistConfig of this rank."""
+    def dist_config(self, device: str = "cpu"):
+        """The engine.parallel.dist.DistConfig of this rank, computing on `device` (the engine's --device)."""
         from engine.parallel.dist import DistConfig
 
         host, port = self.dist_addr.rsplit(":", 1)
-        return DistConfig(rank=self.rank, world_size=self.size, host=host, port=int(port), timeout_s=self.timeout_s)
+        return DistConfig(rank=self.rank, world_size=self.size, host=host, port=int(port), timeout_s=self.timeout_s,
+                          device=device)
 
 
 def add_arguments(parser) -> None:

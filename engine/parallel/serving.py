@@ -20,10 +20,8 @@ import threading
 import torch
 
 from engine.expert_lb import ExpertLBConfig
-from engine.kv_cache import num_blocks_for_budget
 from engine.engine_config import EngineConfig
 from engine.llm_engine import DEFAULT_KV_FRACTION, LLMEngine
-from engine.model.loader import read_config
 from engine.model_runner import SeqStep
 from engine.parallel import dist as pdist
 from engine.parallel.dep import DEPConfig, DEPRank
@@ -104,18 +102,13 @@ def _exit_instance(rank: int) -> None:
 def build_dep_engine(model_dir: str, config: EngineConfig, dep: DEPServeConfig,
                      metrics: ServingMetrics) -> LLMEngine:
     """Join the instance (a rendezvous: returns once every rank is there), load this rank's experts, wrap it."""
-    dist_config = dep.dist_config()
+    dist_config = dep.dist_config(config.device)
     pdist.init(dist_config)
-    model_config = read_config(model_dir, config.dtype)
-    device = dist_config.device
-    if config.kv_cache_bytes is not None:
-        num_blocks = num_blocks_for_budget(model_config, config.block_size, device, kv_cache_bytes=config.kv_cache_bytes)
-    else:
-        fraction = config.kv_cache_fraction or DEFAULT_KV_FRACTION
-        num_blocks = num_blocks_for_budget(model_config, config.block_size, device, kv_cache_fraction=fraction)
     lb = ExpertLBConfig(rebalance_interval_steps=dep.rebalance_interval_steps, imbalance_threshold=dep.imbalance_threshold)
-    dep_config = DEPConfig(model_dir=model_dir, dtype=config.dtype, num_blocks=num_blocks, block_size=config.block_size,
-                           lb=lb)
+    fraction = None if config.kv_cache_bytes is not None else config.kv_cache_fraction or DEFAULT_KV_FRACTION
+    dep_config = DEPConfig(model_dir=model_dir, dtype=config.dtype, num_blocks=None, kv_cache_bytes=config.kv_cache_bytes,
+                           kv_cache_fraction=fraction,
+                           block_size=config.block_size, lb=lb)
     rank = DEPRank(dist_config, dep_config, registry=metrics.factory.registry)
     runner = DEPRunner(rank, metrics, dep.idle_wait_s)
     return LLMEngine(rank.model, Tokenizer(model_dir), config, metrics, runner=runner)

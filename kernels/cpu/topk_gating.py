@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from kernels.guard import expect
+
 
 def make(lib):
     op = lib.topk_gating
 
     def topk_gating(logits, k, renormalize):
+        expect("topk_gating", "cpu", {"logits": logits})
         return tuple(op(logits, int(k), bool(renormalize)))
 
     return topk_gating

@@ -5,10 +5,15 @@ from __future__ import annotations
 import torch
 
 from kernels.cuda.library import check, dtype_code, stream
+from kernels.errors import KernelInputError
+from kernels.guard import expect
 
 
 def make(lib):
     def moe_experts(x, w13, w2, topk_weights, topk_ids):
+        expect("moe_experts", "cuda", {"x": x, "w13": w13, "w2": w2}, {"topk_weights": topk_weights, "topk_ids": topk_ids})
+        if not x.dtype == w13.dtype == w2.dtype:
+            raise KernelInputError(f"moe_experts: x, w13 and w2 must share a dtype, got {x.dtype}, {w13.dtype}, {w2.dtype}")
         x, w13, w2 = x.contiguous(), w13.contiguous(), w2.contiguous()
         tw = topk_weights.to(torch.float32).contiguous()
         ids = topk_ids.to(torch.int64).contiguous()

@@ -5,10 +5,13 @@ from __future__ import annotations
 import torch
 
 from kernels.cuda.library import check, dtype_code, stream
+from kernels.guard import expect
 
 
 def make(lib):
     def paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale):
+        expect("paged_decode_attention", "cuda", {"q": q, "k_cache": k_cache, "v_cache": v_cache},
+               {"block_tables": block_tables})
         q, kc, vc = q.contiguous(), k_cache.contiguous(), v_cache.contiguous()
         tables = block_tables.to(torch.int32).contiguous()
         lens = context_lens.to(device=q.device, dtype=torch.int32).contiguous()

@@ -5,10 +5,12 @@ from __future__ import annotations
 import torch
 
 from kernels.cuda.library import check, dtype_code, stream
+from kernels.guard import expect
 
 
 def make(lib):
     def rms_norm(x, weight, eps, residual=None):
+        expect("rms_norm", "cuda", {"x": x, "weight": weight, "residual": residual})
         x = x.contiguous()
         w = weight.contiguous()
         out = torch.empty_like(x)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from kernels.cuda.library import check, dtype_code, stream
+from kernels.guard import expect
 
 
 def make(lib):
@@ -19,6 +20,7 @@ def make(lib):
         return out
 
     def rotary_embedding(q, k, positions, cos_sin):
+        expect("rotary_embedding", "cuda", {"q": q, "k": k}, {"positions": positions, "cos_sin": cos_sin})
         pos = positions.to(torch.int64).contiguous()
         cs = cos_sin.to(torch.float32).contiguous()
         return one(q, pos, cs), one(k, pos, cs)

@@ -5,10 +5,12 @@ from __future__ import annotations
 import torch
 
 from kernels.cuda.library import check, dtype_code, stream
+from kernels.guard import expect
 
 
 def make(lib):
     def topk_gating(logits, k, renormalize):
+        expect("topk_gating", "cuda", {"logits": logits})
         logits = logits.contiguous()
         T, E = logits.shape
         weights = torch.empty(T, k, dtype=torch.float32, device=logits.device)

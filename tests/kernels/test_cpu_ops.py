@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from kernels import cases, reference
+from kernels.errors import KernelInputError
 
 DTYPES = [torch.float32, torch.bfloat16]
 ids = lambda dt: str(dt).removeprefix("torch.")  # noqa: E731
@@ -82,5 +83,5 @@ def test_paged_decode_attention(cpu_build, dtype, lens, hq, hk, dim, block):
 
 def test_unsupported_dtype_is_rejected(cpu_build):
     x, w, eps, r = cases.rms_norm_args(2, 8, torch.float64, "cpu")
-    with pytest.raises(RuntimeError, match="expected float32 or bfloat16"):
+    with pytest.raises(KernelInputError, match="x is torch.float64; the compiled ops take float32 or bfloat16"):
         cpu_build[1]["rms_norm"](x, w, eps, r)

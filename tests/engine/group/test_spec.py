@@ -57,6 +57,14 @@ def test_bad_parallel_names_the_field(parallel):
     assert "roles.0.parallel" in message
 
 
+def test_tensor_parallelism_is_refused_not_replaced_by_dep():
+    """TP2 used to start DEP ranks without a word; now the field is named and DEP2 offered instead."""
+    message = error_of(pd(roles=[{"role": "prefill"}, {"role": "decode", "parallel": "TP2"}]))
+    assert "roles.1.parallel" in message and "not implemented" in message and "DEP2" in message
+    one = InferenceGroup.model_validate(pd(roles=[{"role": "prefill"}, {"role": "decode", "parallel": "TP1"}]))
+    assert one.role("decode").members_per_instance == 1
+
+
 @pytest.mark.parametrize("instances", [0, -1, 257, 1_000_000])
 def test_instances_outside_1_to_256_are_rejected_naming_the_field(instances):
     """A role with no instance cannot serve an atomic group; a huge count is what a cluster would refuse."""

@@ -132,3 +132,33 @@ def test_dep1_runs_without_a_process_group(moe8_dir):
     assert float((rank.step(seqs) - ref).abs().max()) <= 1e-5
     assert rank.step([]).shape == (0, EIGHT_EXPERTS.vocab_size)
     assert rank.steps == 1
+
+
+def test_the_kv_cache_is_sized_from_the_memory_left_after_the_weights(moe8_dir, monkeypatch):
+    """Sized before loading, a fraction of free GPU memory would count the weights' memory twice (issue #23): the
+    rank asks how much memory is left only once its weights are loaded, and sizes the cache from that."""
+    import engine.kv_cache
+    import engine.parallel.dep as dep
+
+    loaded, asked = [], []
+    real_load = dep.load_model
+
+    def load(*args, **kwargs):
+        model = real_load(*args, **kwargs)
+        loaded.append(model)
+        return model
+
+    def available(device):
+        asked.append(bool(loaded))
+        return 64 << 20
+
+    monkeypatch.setattr(dep, "load_model", load)
+    monkeypatch.setattr(engine.kv_cache, "available_memory", available)
+    rank = DEPRank(DistConfig(rank=0, world_size=1, port=1),
+                   DEPConfig(model_dir=str(moe8_dir), num_blocks=None, kv_cache_fraction=0.5))
+    assert asked == [True]
+    per_block = engine.kv_cache.kv_bytes_per_block(rank.config, 16)
+    assert rank.runner.num_blocks == (32 << 20) // per_block
+    by_bytes = DEPRank(DistConfig(rank=0, world_size=1, port=1),
+                       DEPConfig(model_dir=str(moe8_dir), num_blocks=None, kv_cache_bytes=per_block * 5))
+    assert by_bytes.runner.num_blocks == 5 and asked == [True]

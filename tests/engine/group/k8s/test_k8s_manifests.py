@@ -30,7 +30,7 @@ SHAPES = {
     "1p1d-pool": group(ONE_P_ONE_D, warm_pool=2),
     "4xdep2-dep8": group(LARGE),
     "4xdep2-dep8-encoder-pool": group([{"role": "encoder", "resources": {"gpus": 1}}, *LARGE], warm_pool=1),
-    "colocated-tp": group([{"role": "colocated", "parallel": "TP2", "engine": {"kv_cache_fraction": 0.7}}]),
+    "colocated-dep2": group([{"role": "colocated", "parallel": "DEP2", "engine": {"kv_cache_fraction": 0.7}}]),
     "1p1d-faults": group([{"role": "prefill"}, {"role": "decode", "engine": {"faults": {"token_delay_s": 0.3}}}]),
 }
 
@@ -152,6 +152,18 @@ def test_dep_ranks_rendezvous_at_their_leader():
     assert args[args.index("--dep-rank") + 1] == "$(LWS_WORKER_INDEX)"
     assert args[args.index("--dep-size") + 1] == "8"
     assert args[args.index("--dist-addr") + 1] == "$(LWS_LEADER_ADDRESS):29500"
+
+
+def test_members_with_gpus_compute_on_cuda_and_the_others_on_the_cpu():
+    """A member that asks for GPUs gets them from the device plugin and is told to use them (--device cuda);
+    without the flag it would hold a GPU and compute on the CPU."""
+    lws = by_kind(render(SHAPES["4xdep2-dep8"], "ns", "img"), "LeaderWorkerSet")
+    for name in ("g-prefill", "g-decode"):
+        pod = lws[name]["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"]["containers"][0]
+        assert pod["resources"]["limits"]["nvidia.com/gpu"] == 1
+        assert pod["args"][pod["args"].index("--device") + 1] == "cuda"
+    cpu_only = by_kind(render(SHAPES["1p1d"], "ns", "img"), "LeaderWorkerSet")["g-decode"]
+    assert "--device" not in cpu_only["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"]["containers"][0]["args"]
 
 
 def test_spec_faults_reach_only_their_roles_members():
