@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export TIDEFLOW_HOME ?= $(CURDIR)/.tideflow
 
-.PHONY: run test test-slow bench setup clean prometheus gpu-check
+.PHONY: run test test-slow bench setup clean prometheus browser gpu-check
 
 setup: $(STAMP)
 
@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml constraints.txt
 run: $(STAMP)
 	$(BIN)/tideflow release
 
-test: $(STAMP) prometheus
+test: $(STAMP) prometheus browser
 	$(BIN)/python -m pytest -q -m "not slow"
 
 test-slow: $(STAMP) prometheus
@@ -31,9 +31,14 @@ BENCHES := decode serving kernel_ops weights pd ep warm tidal failover profile_e
 bench: $(STAMP)
 	for b in $(BENCHES); do $(BIN)/python benchmarks/$$b.py || exit 1; done
 
-# The canary tests start a real Prometheus (Debian's package); installs it when missing.
+# The canary tests start a real Prometheus (Debian's package, which brings promtool); installs it when missing.
 prometheus:
 	command -v prometheus >/dev/null || { apt-get update && apt-get install -y prometheus; }
+
+# The release test opens the Prefect UI in Debian's headless chromium through its chromedriver.
+browser:
+	command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
+		{ apt-get update && apt-get install -y --no-install-recommends chromium chromium-driver; }
 
 # On a machine with a GPU: the GPU path end to end in under 8 minutes (needs torch built for CUDA and nvcc).
 gpu-check:

@@ -68,6 +68,9 @@ class ServingMetrics:
         self.prefill_tokens = f.counter("prefill_computed_tokens_total", "prompt tokens computed (not from the cache, recompute included)")
         self.generation_tokens = f.counter("generation_tokens_total", "tokens generated")
         self.preemptions = f.counter("preemptions_total", "sequences preempted by recompute")
+        self.kv_transfer_bytes = f.counter("kv_transfer_bytes_total", "KV cache bytes this decode member pulled")
+        self.kv_transfer_seconds = f.histogram("kv_transfer_seconds", "time to pull one request's KV from prefill")
+        self.kv_transfer_failures = f.counter("kv_transfer_failures_total", "KV pulls that failed or timed out")
         self.requests = f.labelled_counter("requests_total", "finished requests by status", "status")
 
     def render(self) -> tuple[bytes, str]:

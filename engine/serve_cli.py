@@ -9,7 +9,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from engine.errors import TideflowError
+from engine.errors import EXIT_WEIGHTS, TideflowError
 from engine.parallel.serve_args import add_arguments as add_dep_arguments, dep_serve_config
 from engine.server.limits import MEMBER_KEEP_ALIVE_S
 from kernels.spec import KERNEL_MODES
@@ -84,7 +84,10 @@ def serve(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         args.model = str(local_model_dir(args.model))  # a weights URL is pulled and verified first
-    except (WeightsError, TideflowError, OSError) as exc:
+    except WeightsError as exc:
+        print(f"tideflow serve: {exc}", file=sys.stderr)
+        return EXIT_WEIGHTS
+    except (TideflowError, OSError) as exc:
         print(f"tideflow serve: {exc}", file=sys.stderr)
         return 1
     if args.role == "encoder":
@@ -110,7 +113,10 @@ def serve(args: argparse.Namespace) -> int:
         first = exc.errors()[0]
         print(f"tideflow serve: --{'-'.join(str(p) for p in first['loc']).replace('_', '-')}: {first['msg']}", file=sys.stderr)
         return 2
-    except (TideflowError, WeightsError, OSError, ValueError) as exc:
+    except WeightsError as exc:
+        print(f"tideflow serve: {exc}", file=sys.stderr)
+        return EXIT_WEIGHTS
+    except (TideflowError, OSError, ValueError) as exc:
         print(f"tideflow serve: {exc}", file=sys.stderr)
         return 1
     log.info("serving %s on http://%s:%d (%d KV blocks of %d tokens)", config.model_name, args.host, args.port,

@@ -89,7 +89,8 @@ def _ui(args: argparse.Namespace) -> int:
 
     api = f"http://127.0.0.1:{args.port}/api"
     server = Child("prefect-server", [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1",
-                                      "--port", str(args.port)], home() / "logs" / "prefect-server.log")
+                                      "--port", str(args.port)], home() / "logs" / "prefect-server.log",
+                   env={"PREFECT_UI_API_URL": api})  # the UI's pages call this API (its default is port 4200)
     controller = None
     try:
         if not wait_http_ok(api + "/health", timeout_s=120, child=server):

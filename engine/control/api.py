@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import Annotated, Callable
 
-from fastapi import APIRouter, Depends, FastAPI, Path, Query
+from fastapi import APIRouter, Depends, FastAPI, Path, Query, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from engine.control.controller import ControlError, Controller
 from engine.control.routes import NotPublished
@@ -34,6 +35,11 @@ def create_control_app(controller: Controller, on_down: Callable[[], None]) -> F
     publish_openapi(app, auth)
     install_error_handlers(app)
     api = APIRouter(dependencies=[Depends(auth)])
+
+    @app.get("/metrics", dependencies=[Depends(BearerAuth([controller.client_key, controller.admin_key]))])
+    def metrics() -> Response:
+        """The lifecycle series (engine.control.metrics), with the key Prometheus already scrapes the router with."""
+        return Response(generate_latest(controller.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/health")  # open: probes carry no secrets
     def health() -> dict:

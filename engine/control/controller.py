@@ -14,6 +14,7 @@ import os
 import threading
 import time
 
+from engine.control.metrics import CanaryGauge, ControllerMetrics, FleetSnapshot
 from engine.control.models import (ApplyGroup, AutoscalerBody, AutoscalerView, CanaryRecord, FleetStatus, GroupView,
                                    Killed, KillMember, MemberView, ScalePool)
 from engine.control.routes import RouteTable
@@ -65,6 +66,7 @@ class Controller:
         self.manager: GroupManager | None = None
         self._thread = threading.Thread(target=self._loop, name="reconcile", daemon=True)
         self._adopted: list[str] = []  # groups taken over at start: routes are published once they settle
+        self.metrics = ControllerMetrics(self._snapshot)
 
     @property
     def router_url(self) -> str:
@@ -136,6 +138,7 @@ class Controller:
             fallen.standby = True  # rebuilt silent: it refills the pool
             self._sync_desired(g)
             self._sync_desired(fallen)
+            self.metrics.activation.labels("replacement").observe(took)
             self.store.event("replace", f"{fallen.spec.name} fell ({why}); standby {g.spec.name} serves "
                                         f"(activated in {took * 1000:.0f} ms); {fallen.spec.name} is rebuilt into the pool")
             return
@@ -205,6 +208,7 @@ class Controller:
             took = g.activate()
         except BackendError as exc:
             raise ControlError(409, str(exc)) from None
+        self.metrics.activation.labels("api").observe(took)
         with self._lock:
             self._sync_desired(g)
         return took
@@ -267,6 +271,11 @@ class Controller:
     def _scale(self, pool: WarmPool, target: int, floor: int | None) -> ScaleResult:
         """scale_to, then the pool's groups written back as desired state (caller holds the lock)."""
         result = pool.scale_to(target, floor)
+        name = pool.template.name
+        self.metrics.observe_scale(name, len(result.activated), len(result.parked), len(result.cold_started),
+                                   len(result.refilled), len(result.stopped))
+        for took in result.activation_s:
+            self.metrics.activation.labels("pool").observe(took)
         for g in pool.groups():
             if g.spec.name in result.stopped or g.status.state in _GONE:
                 self.store.delete_group(g.spec.name)
@@ -354,9 +363,21 @@ class Controller:
     def record_canary(self, record: CanaryRecord) -> CanaryRecord:
         record = record.model_copy(update={"at": time.time()})
         self.store.put_canary(record.model_dump_json())
+        if record.decision is not None:
+            self.metrics.canary_decisions.labels(record.decision).inc()
         what = record.decision or f"step {record.step} at {record.percent:g} %"
         self.store.event("canary", f"{record.canary} over {record.stable}: {what} {record.reason}".strip())
         return record
+
+    def _snapshot(self) -> FleetSnapshot:
+        """What Prometheus reads of the fleet now (engine.control.metrics)."""
+        groups = list(self.manager.groups.values()) if self.manager is not None else []
+        record = self.store.canary()
+        canary = CanaryRecord.model_validate_json(record) if record else None
+        return FleetSnapshot(
+            groups=[(g.status.model_copy(deep=True), g.weight, g.standby) for g in groups],
+            canary=None if canary is None or canary.decision is not None else
+            CanaryGauge(stable=canary.stable, canary=canary.canary, step=canary.step, percent=canary.percent))
 
     def member_metrics(self) -> list[str]:
         """Prometheus expositions of every routed member (the canary's direct source reads them)."""

@@ -55,6 +55,8 @@ class MemberStatus(BaseModel):
     phase: Phase
     restarts: int = Field(0, ge=0, description="times this member was restarted or recreated, as observed")
     message: str = Field("", description="why it is in this phase, when the substrate says")
+    exit_code: int | None = Field(None, description="the process's exit status once it ended (negative: killed by "
+                                                    "that signal), when the substrate says")
 
 
 class MemberIdentity(BaseModel):

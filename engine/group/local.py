@@ -179,7 +179,7 @@ class LocalProcessBackend(Backend):
         code = child.returncode
         if code is not None:
             phase = Phase.EXITED if code == 0 else Phase.FAILED
-            return MemberStatus(**base, phase=phase, message=f"exit code {code}: {child.log_tail(3)}")
+            return MemberStatus(**base, phase=phase, message=f"exit code {code}: {child.log_tail(3)}", exit_code=code)
         try:
             ready = client.get(url + "/ready", timeout=0.5).status_code == 200
         except httpx.HTTPError:

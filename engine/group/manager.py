@@ -16,7 +16,7 @@ from typing import Callable, Protocol
 
 from pydantic import BaseModel, Field
 
-from engine.errors import TideflowError
+from engine.errors import EXIT_PEER_LOST, EXIT_WEIGHTS, TideflowError
 from engine.group.backend import Backend, BackendError, GroupHandle, MemberStatus, Phase
 from engine.group.spec import InferenceGroup
 from engine.router.admin import wait_drained
@@ -39,6 +39,21 @@ class Routing(Protocol):
     def set_weights(self, weights: dict[str, float]) -> dict[str, float]: ...
 
     def inflight(self, name: str) -> int: ...
+
+# Why a member ended, from its exit status (engine.errors): what the lifecycle board and the alerts count.
+FAILURE_REASONS = ("weights", "peer_lost", "killed", "failed")
+
+
+def failure_reason(member: MemberStatus) -> str:
+    code = member.exit_code
+    if code == EXIT_WEIGHTS:
+        return "weights"
+    if code == EXIT_PEER_LOST:
+        return "peer_lost"
+    if code is not None and (code < 0 or code in (128 + 9, 128 + 15)):
+        return "killed"
+    return "failed"
+
 
 class GroupState(str, Enum):
     PENDING = "Pending"
@@ -75,6 +90,10 @@ class GroupStatus(BaseModel):
     events: list[GroupEvent] = Field(default_factory=list)
     last_ready_s: float | None = Field(None, description="seconds from start to Ready of the last (re)build")
     last_activation_s: float | None = Field(None, description="seconds of the last Standby -> Ready activation")
+    rebuilds: int = Field(0, description="whole-group rebuilds since this controller took the group (never reset)")
+    falls: int = Field(0, description="times the group fell out of routing while serving")
+    member_failures: dict[str, int] = Field(default_factory=lambda: dict.fromkeys(FAILURE_REASONS, 0),
+                                            description="member failures that ended a build or a watch, by reason")
 
 
 class ManagedGroup:
@@ -139,6 +158,7 @@ class ManagedGroup:
                 self._event(GroupState.FAILED, f"gave up after {self.status.restarts} restarts: {failure}")
                 return
             self.status.restarts += 1
+            self.status.rebuilds += 1
             self._event(GroupState.STARTING, f"rebuilding whole group in {delay:.1f}s (restart {self.status.restarts}): {failure}")
             if self._stop.wait(delay):
                 break
@@ -184,6 +204,7 @@ class ManagedGroup:
             self.status.members = members
             bad = [m for m in members if m.phase in (Phase.FAILED, Phase.EXITED)]
             if bad:
+                self._count_failure(bad[0])
                 return _describe(bad[0])
             if all(m.phase == Phase.READY for m in members):
                 return None
@@ -197,6 +218,9 @@ class ManagedGroup:
             bad = [m for m in members if m.phase in (Phase.FAILED, Phase.EXITED)]
             if bad:
                 self._unregister()  # out of the router first, then everything else
+                self._count_failure(bad[0])
+                if not self.standby:
+                    self.status.falls += 1
                 why = _describe(bad[0])
                 self._event(GroupState.STARTING, f"a member failed: {why}")  # never shown Ready (or Standby) while down
                 if not self.standby and self.on_fall is not None:
@@ -206,6 +230,10 @@ class ManagedGroup:
                         log.exception("group %s: replacement after a fall failed", self.spec.name)
                 return why
         return "stopped"
+
+    def _count_failure(self, member: MemberStatus) -> None:
+        reason = failure_reason(member)
+        self.status.member_failures[reason] = self.status.member_failures.get(reason, 0) + 1
 
     def _register(self) -> None:
         if self.router is None or self.status.handle is None:

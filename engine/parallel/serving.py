@@ -19,6 +19,7 @@ import threading
 
 import torch
 
+from engine.errors import EXIT_PEER_LOST
 from engine.expert_lb import ExpertLBConfig
 from engine.engine_config import EngineConfig
 from engine.llm_engine import DEFAULT_KV_FRACTION, LLMEngine
@@ -31,7 +32,6 @@ from engine.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 
-EXIT_PEER_LOST = 70  # a DEP rank's exit status when its instance can no longer step together
 
 
 class DEPRunner:

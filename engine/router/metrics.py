@@ -8,6 +8,8 @@ from engine.router.samples import SampleLog
 from engine.metrics import LATENCY_BUCKETS
 
 LABELS = ("group", "version")
+STATUSES = ("ok", "error", "timeout", "rejected")  # a request's outcome (engine.router.proxy)
+MIGRATION_REASONS = ("disconnect", "stall", "truncated", "bad_event", "error_event")  # why a stream moved
 
 
 class RouterMetrics:
@@ -66,5 +68,12 @@ class RouterMetrics:
 
     def refresh(self, groups) -> None:
         for g in groups:
+            labels = (g.reg.name, g.reg.version)
+            for status in STATUSES:
+                self._requests.labels(*labels, status)
+            for reason in MIGRATION_REASONS:
+                self._migrations.labels(*labels, reason)
+            for series in (self._retries, self._tokens, self._ttft, self._tpot, self._e2e):
+                series.labels(*labels)
             self.group_weight.labels(g.reg.name, g.reg.version).set(g.reg.weight)
             self.group_routable.labels(g.reg.name, g.reg.version).set(1 if g.routable else 0)

@@ -8,6 +8,7 @@ OpenAI format, as /v1/... would.
 from __future__ import annotations
 
 import asyncio
+import time
 
 from fastapi import APIRouter, Request
 
@@ -64,10 +65,14 @@ def pd_routes(engine: LLMEngine, model_name: str, transport: TransportKind, resp
         check_token_ids(body.prompt_token_ids + _resumed(body), engine.model.config.vocab_size)
         params = params_for(parsed, len(body.prompt_token_ids), engine.max_model_len)
         images = spliced(body)
+        started = time.monotonic()
         try:
             kv = await asyncio.to_thread(receiver.fetch, body.descriptor, fetch_timeout_s)
         except KVTransferError as exc:
+            engine.metrics.kv_transfer_failures.inc()
             raise APIError(502, str(exc), code="kv_transfer_failed") from None
+        engine.metrics.kv_transfer_seconds.observe(time.monotonic() - started)
+        engine.metrics.kv_transfer_bytes.inc(kv.nbytes)
 
         def release() -> None:
             kv.release()

@@ -194,7 +194,7 @@ class KubernetesBackend(Backend):
         return MemberStatus(role=role, instance=instance, rank=rank,  # type: ignore[arg-type]
                             endpoint=f"http://{ip}:{port}" if ip and port else None,
                             phase=_phase(pod), restarts=in_place + self._recreated.get((role, instance, rank), 0),
-                            message=_message(pod))
+                            message=_message(pod), exit_code=_exit_code(pod))
 
     def _call(self, what: str, fn: Callable[[], Any]) -> Any:
         try:
@@ -258,6 +258,15 @@ def _phase(pod: dict[str, Any]) -> Phase:
 def _crashing(container: dict[str, Any]) -> bool:
     waiting = (container.get("state") or {}).get("waiting") or {}
     return waiting.get("reason") in ("CrashLoopBackOff", "ErrImagePull", "ImagePullBackOff", "CreateContainerConfigError")
+
+
+def _exit_code(pod: dict[str, Any]) -> int | None:
+    """The engine container's exit status: of its current run when it ended, else of its last one."""
+    for container in (pod.get("status") or {}).get("containerStatuses") or []:
+        ended = (container.get("state") or {}).get("terminated") or (container.get("lastState") or {}).get("terminated")
+        if ended and ended.get("exitCode") is not None:
+            return int(ended["exitCode"])
+    return None
 
 
 def _message(pod: dict[str, Any]) -> str:

@@ -97,3 +97,16 @@ def test_the_caches_own_names_cannot_be_listed(name):
     Manifest.model_validate({"part_size": 1, "files": [ok]})  # the same entry under an ordinary name passes
     with pytest.raises(ValidationError, match="reserved"):
         Manifest.model_validate({"part_size": 1, "files": [entry]})
+
+
+def test_serve_refuses_an_unverified_cache_with_the_weights_exit_status(published, tmp_path, capsys):
+    """The member's exit status says why it ended, so the controller counts it as a weights failure (and the
+    TideflowWeightsUnverified alert fires) instead of an anonymous crash."""
+    from engine.errors import EXIT_WEIGHTS
+    from flows.cli import main
+
+    cache = tmp_path / "cache"
+    pull(published, cache)
+    (cache / "zz.safetensors").write_bytes(b"not in the manifest")
+    assert main(["serve", "--model", str(cache)]) == EXIT_WEIGHTS
+    assert "zz.safetensors is not in the manifest" in capsys.readouterr().err
