@@ -160,8 +160,8 @@ def loopback_members(host: str) -> list[str]:
 
 
 def tideflow_argv(*args: str) -> list[str]:
-    """Run the CLI with this interpreter, so children use the same environment."""
-    return [sys.executable, "-m", "flows.cli", *args]
+    """An engine command (engine.main) run with this interpreter, so children use the same environment."""
+    return [sys.executable, "-m", "engine.main", *args]
 
 
 def wait_http_ok(url: str, timeout_s: float, child: Child | None = None, headers: dict | None = None) -> bool:

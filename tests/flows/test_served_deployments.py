@@ -25,7 +25,7 @@ from engine.control import discovery
 from engine.control.models import ScalePool
 from engine.group.manager import GroupState
 from engine.group.spec import InferenceGroup
-from engine.process import free_port, start_service, tideflow_argv
+from engine.process import free_port, start_service
 from engine.scaling.policy import Bounds
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
@@ -56,7 +56,8 @@ def served(tideflow_home, controller, tmp_path_factory):
     port = free_port()
     api = f"http://127.0.0.1:{port}/api"
     env = {"PREFECT_HOME": str(tideflow_home / "prefect")}
-    ui = start_service("tideflow-ui", tideflow_argv("ui", "--port", str(port), "--prefect-file", str(prefect_file)),
+    ui = start_service("tideflow-ui", [sys.executable, "-m", "flows.cli", "ui", "--port", str(port),  # a pipeline command
+                                       "--prefect-file", str(prefect_file)],
                        tideflow_home / "logs" / "ui.log", api + "/health", timeout_s=300, env=env)
     try:
         with httpx.Client(base_url=api, trust_env=False, timeout=10) as prefect:

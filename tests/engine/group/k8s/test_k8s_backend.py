@@ -140,3 +140,17 @@ def test_a_request_body_other_than_the_recorded_one_is_not_answered(replay, tmp_
                                     image="tideflow:other", discovery_cache=tmp_path / "discovery.json")
     with pytest.raises(BackendError, match="HTTP 404"):
         other_image.start(GROUP)
+
+
+def test_a_pods_exit_status_is_read_from_its_engine_container():
+    """The group manager names a member failure by it (a weights refusal exits 3): the current run's
+    termination when there is one, else the last run's (a container restarted in place)."""
+    from engine.group.k8s.backend import _exit_code
+
+    def pod(state: dict, last: dict | None = None) -> dict:
+        return {"status": {"containerStatuses": [{"name": "engine", "state": state, "lastState": last or {}}]}}
+
+    assert _exit_code(pod({"terminated": {"exitCode": 3, "reason": "Error"}})) == 3
+    assert _exit_code(pod({"running": {}}, {"terminated": {"exitCode": 137, "reason": "OOMKilled"}})) == 137
+    assert _exit_code(pod({"running": {}})) is None
+    assert _exit_code({"status": {}}) is None
