@@ -35,7 +35,7 @@ def op_table(compiled: dict, dtype: torch.dtype, iters: int) -> list[float]:
 
 
 def small_model(dtype: str):
-    from engine.config import ModelConfig
+    from engine.model.config import ModelConfig
     from engine.model import MoEForCausalLM
 
     config = ModelConfig(vocab_size=2048, hidden_size=512, num_layers=4, num_heads=8, num_kv_heads=2,

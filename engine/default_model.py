@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import save_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from engine.config import ModelConfig
+from engine.model.config import ModelConfig
 from engine.encoder.vision import write_vision_encoder
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]

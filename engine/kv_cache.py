@@ -12,7 +12,7 @@ from collections import OrderedDict
 
 import torch
 
-from engine.config import ModelConfig
+from engine.model.config import ModelConfig
 from engine.model.paged import KVCache, kv_bytes_per_block
 from engine.sequence import Sequence
 

@@ -7,7 +7,7 @@ import time
 import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from engine.eplb import Placement
+from engine.parallel.eplb import Placement
 from engine.model_runner import SeqStep
 from engine.parallel.dep import DEPConfig, DEPRank
 from engine.parallel.dist import DistConfig

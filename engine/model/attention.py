@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.config import ModelConfig
+from engine.model.config import ModelConfig
 from engine.model.norm import RMSNorm
 from engine.model.paged import AttentionMetadata
 from kernels import ops

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from engine.config import ModelConfig
+from engine.model.config import ModelConfig
 from engine.model.attention import Attention
 from engine.model.moe import DenseMLP, SparseMoE
 from engine.model.norm import RMSNorm

@@ -10,7 +10,7 @@ from typing import Sequence
 import torch
 from safetensors import SafetensorError, safe_open
 
-from engine.config import ModelConfig
+from engine.model.config import ModelConfig
 from engine.errors import CheckpointError
 from engine.model.decoder import MoEForCausalLM
 from engine.model.moe import Experts, SparseMoE

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.config import ModelConfig
+from engine.model.config import ModelConfig
 from kernels import ops
 
 # (x, topk_weights, topk_ids, compute_local) -> combined expert output. The default runs every

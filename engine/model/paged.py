@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.config import ModelConfig
+from engine.model.config import ModelConfig
 
 KVCache = list[tuple[torch.Tensor, torch.Tensor]]
 

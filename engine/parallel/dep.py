@@ -16,8 +16,8 @@ import torch.distributed as dist
 from prometheus_client import CollectorRegistry
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from engine.eplb import Placement
-from engine.expert_lb import ExpertLB, ExpertLBConfig
+from engine.parallel.eplb import Placement
+from engine.parallel.expert_lb import ExpertLB, ExpertLBConfig
 from engine.kv_cache import num_blocks_for_budget
 from engine.model.loader import load_model, read_config
 from engine.model_runner import ModelRunner, SeqStep

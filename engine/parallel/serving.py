@@ -20,7 +20,7 @@ import threading
 import torch
 
 from engine.errors import EXIT_PEER_LOST
-from engine.expert_lb import ExpertLBConfig
+from engine.parallel.expert_lb import ExpertLBConfig
 from engine.engine_config import EngineConfig
 from engine.llm_engine import DEFAULT_KV_FRACTION, LLMEngine
 from engine.model_runner import SeqStep

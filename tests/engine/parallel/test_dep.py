@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from engine.default_model import TINY_CONFIG, write_default_model
-from engine.eplb import Placement, rebalance_experts
-from engine.expert_lb import ExpertLBConfig
+from engine.parallel.eplb import Placement, rebalance_experts
+from engine.parallel.expert_lb import ExpertLBConfig
 from engine.model import load_model
 from engine.model_runner import ModelRunner, SeqStep
 from engine.parallel.dep import DEPConfig, DEPRank

@@ -8,7 +8,7 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from engine.eplb import Placement, balanced_packing, imbalance, rebalance_experts, replicate_experts
+from engine.parallel.eplb import Placement, balanced_packing, imbalance, rebalance_experts, replicate_experts
 
 EXPERTS, RANKS, REDUNDANT, LAYERS = 64, 8, 8, 4
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from engine.eplb import Placement, rebalance_experts
-from engine.expert_lb import ExpertLB, ExpertLBConfig
+from engine.parallel.eplb import Placement, rebalance_experts
+from engine.parallel.expert_lb import ExpertLB, ExpertLBConfig
 
 
 def greedy(placement: Placement, layer: int, ids: torch.Tensor, offset: int) -> torch.Tensor:

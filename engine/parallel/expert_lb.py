@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from engine.eplb import Placement, imbalance, rebalance_experts
+from engine.parallel.eplb import Placement, imbalance, rebalance_experts
 
 
 class ExpertLBConfig(BaseModel):
