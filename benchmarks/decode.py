@@ -8,7 +8,6 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
@@ -22,20 +21,7 @@ from engine.default_model import DEFAULT_CONFIG, write_default_model  # noqa: E4
 from engine.generate import GenerationStats, generate  # noqa: E402
 from engine.model import load_model  # noqa: E402
 from engine.sampling import SamplingParams  # noqa: E402
-
-
-def hf_decode_rate(hf, prompt_len: int, batch: int, new_tokens: int) -> float:
-    """Tokens/s of the decode phase: time(prompt + n tokens) - time(prompt + 1 token)."""
-    ids = torch.randint(0, hf.config.vocab_size, (batch, prompt_len), generator=torch.Generator().manual_seed(0))
-
-    def run(n: int) -> float:
-        t0 = time.perf_counter()
-        with torch.no_grad():
-            hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0)
-        return time.perf_counter() - t0
-
-    run(2)
-    return batch * (new_tokens - 1) / (run(new_tokens) - run(1))
+from harness.gpu_check import hf_decode_rate  # noqa: E402
 
 
 def main() -> None:
@@ -60,7 +46,8 @@ def main() -> None:
             generate(ours, None, prompts[:1], SamplingParams(max_tokens=2, ignore_eos=True))
             stats = GenerationStats()
             generate(ours, None, prompts, params, stats=stats)
-            theirs = hf_decode_rate(hf, args.prompt_len, batch, args.new_tokens)
+            ids = torch.randint(0, hf.config.vocab_size, (batch, args.prompt_len), generator=torch.Generator().manual_seed(0))
+            theirs = hf_decode_rate(hf, ids, args.new_tokens)
             rows.append([batch, stats.decode_tokens_per_s, theirs, stats.decode_tokens_per_s / theirs])
         bw = copy_bandwidth_gbs()
     elem = torch.empty((), dtype=getattr(torch, args.dtype)).element_size()

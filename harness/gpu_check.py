@@ -161,7 +161,7 @@ class Check:
             generate(ours, None, prompts[:1].tolist(), SamplingParams(max_tokens=2, ignore_eos=True))
             stats = GenerationStats()
             generate(ours, None, prompts.tolist(), params, stats=stats)
-            theirs = _hf_decode_rate(hf, prompts.to(self.device), 64)
+            theirs = hf_decode_rate(hf, prompts.to(self.device), 64)
             rows.append(f"batch {batch}: tideflow {stats.decode_tokens_per_s:.0f} tok/s, transformers {theirs:.0f} tok/s, "
                         f"ratio {stats.decode_tokens_per_s / theirs:.2f}x")
         return "; ".join(rows) + f" ({self.dtype}, {'tiny' if self.tiny else 'default'} model)"
@@ -236,7 +236,7 @@ def _logits(model, ids: torch.Tensor) -> torch.Tensor:
         return model.logits(model(ids, torch.arange(len(ids), device=ids.device), kv, meta)).float()
 
 
-def _hf_decode_rate(hf, ids: torch.Tensor, new_tokens: int) -> float:
+def hf_decode_rate(hf, ids: torch.Tensor, new_tokens: int) -> float:
     """transformers' decode tokens/s: time(prompt + n tokens) - time(prompt + 1 token)."""
 
     def run(n: int) -> float:

@@ -14,6 +14,7 @@ from kernels.cuda.library import nvcc
 from kernels.errors import BuildFailed
 from kernels.report import table
 from kernels.spec import BuildRequest
+from kernels.startup import arch_for
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -27,8 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     if nvcc() is None:
         print("gpu_check: nvcc not found", file=sys.stderr)
         return 2
-    major, minor = torch.cuda.get_device_capability()
-    arch = f"sm_{major}{minor}"
+    arch = arch_for(torch.device("cuda"))
     print(f"gpu_check: {torch.cuda.get_device_name()} ({arch}), torch {torch.__version__}")
     request = BuildRequest(arch=arch, opt_level=args.opt_level, bench_iters=args.bench_iters)
     try:
