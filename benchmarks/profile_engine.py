@@ -25,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import print_table  # noqa: E402
 
 import engine.llm_engine as llm_engine  # noqa: E402
+from engine import intraop  # noqa: E402
 from engine.default_model import DEFAULT_CONFIG, write_default_model  # noqa: E402
 from engine.llm_engine import EngineConfig, LLMEngine  # noqa: E402
 from engine.model import load_model  # noqa: E402
@@ -114,9 +115,10 @@ def main() -> int:
     ap.add_argument("--kernels", choices=["auto", "cached", "reference"], default="auto")
     ap.add_argument("--top", type=int, default=0, help="also list the N ops with the most self CPU time")
     args = ap.parse_args()
+    intraop.serial_process()  # as `serve` runs: the engine thread alone runs parallel ops
     compiled = startup_ops("native", args.kernels)
     print(f"compiled ops: {', '.join(sorted(compiled)) or 'none (torch reference)'}; "
-          f"{torch.get_num_threads()} threads; {args.dtype}")
+          f"{intraop.serial_process()} threads on the engine thread; {args.dtype}")
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = write_default_model(Path(tmp) / "model", DEFAULT_CONFIG, seed=0)
         model, tok = load_model(model_dir, args.dtype), Tokenizer(model_dir)

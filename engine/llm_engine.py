@@ -8,6 +8,7 @@ callable, called on the engine thread. `stream` wraps that in an asyncio queue f
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import itertools
 import logging
 import queue
@@ -23,6 +24,7 @@ from engine.encoder.prompt import block_extras, step_embeds
 from engine.engine_config import EngineConfig
 from engine.encoder.splice import SplicedPrompt
 from engine.errors import TideflowError
+from engine import intraop
 from engine.kv_cache import BlockAllocator, OutOfBlocks, import_blocks, num_blocks_for_budget
 from engine.model.decoder import MoEForCausalLM
 from engine.model.loader import load_model
@@ -157,6 +159,9 @@ class LLMEngine:
         self._imports: deque[_Request] = deque()  # prefilled elsewhere; engine thread only
         self.stats: dict[str, int] = {"queued": 0, "running": 0, "kv_blocks_free": num_blocks, "queued_prefill_tokens": 0}
         self._aborts: deque[str] = deque()
+        self._calls: deque[tuple[Callable[[], None], concurrent.futures.Future]] = deque()  # run by the engine thread
+        self._calls_open = False  # True while the engine thread takes calls
+        self._calls_lock = threading.Lock()
         self._submit_lock = threading.Lock()
         self._wake = threading.Event()
         self._stopping = False
@@ -306,6 +311,13 @@ class LLMEngine:
     # ---- KV memory of a silent instance (engine/server/standby.py) -----------------------------
     def release_kv(self) -> None:
         """Free the KV cache tensors, weights stay loaded; only while no request is open."""
+        self._on_engine_thread(self._release_kv)
+
+    def allocate_kv(self, num_blocks: int) -> None:
+        """Allocate `num_blocks` of KV cache with a fresh allocator (the old prefix cache died with the old tensors)."""
+        self._on_engine_thread(lambda: self._allocate_kv(num_blocks))
+
+    def _release_kv(self) -> None:
         if self.num_open:
             raise EngineError(f"{self.num_open} requests are open; drain them before releasing the KV cache")
         self.runner.release()
@@ -314,8 +326,7 @@ class LLMEngine:
 
             torch.cuda.empty_cache()  # hand the freed blocks back to the device, not just the caching allocator
 
-    def allocate_kv(self, num_blocks: int) -> None:
-        """Allocate `num_blocks` of KV cache with a fresh allocator (the old prefix cache died with the old tensors)."""
+    def _allocate_kv(self, num_blocks: int) -> None:
         if self.num_open:
             raise EngineError(f"{self.num_open} requests are open; the KV cache cannot be swapped under them")
         self.runner.allocate(num_blocks)
@@ -324,10 +335,36 @@ class LLMEngine:
         self.max_model_len = min(self.model.config.context_length, num_blocks * self.config.block_size)
         self.stats = {**self.stats, "kv_blocks_free": num_blocks}
 
+    def _on_engine_thread(self, fn: Callable[[], None]) -> None:
+        """Run `fn` on the engine thread while it runs (inline otherwise), and wait for it: the KV cache's
+        tensors are filled by parallel ops, which belong to the engine thread (engine/intraop.py)."""
+        done: concurrent.futures.Future = concurrent.futures.Future()
+        with self._calls_lock:
+            queued = self._calls_open and threading.current_thread() is not self._thread
+            if queued:
+                self._calls.append((fn, done))
+        if not queued:
+            return fn()
+        self._wake.set()
+        return done.result()
+
+    def _run_calls(self, open_after: bool) -> None:
+        with self._calls_lock:
+            calls, self._calls = list(self._calls), deque()
+            self._calls_open = open_after
+        for fn, done in calls:
+            try:
+                done.set_result(fn())
+            except Exception as exc:  # handed to the caller, who raises it
+                done.set_exception(exc)
+
     # ---- the engine thread -------------------------------------------------------------------
     def _loop(self) -> None:
+        intraop.claim()
+        self._run_calls(open_after=True)
         while not self._stopping:
             self._wake.clear()
+            self._run_calls(open_after=True)
             self._drain_inbox()
             now = time.monotonic()
             plan = self.scheduler.schedule(now) if self.scheduler.has_work else None
@@ -340,6 +377,7 @@ class LLMEngine:
                 continue
             self._run(plan)
             self._observe(plan)
+        self._run_calls(open_after=False)
         for req in list(self._requests.values()):
             self._fail(req, "the engine stopped")
 

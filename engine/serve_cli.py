@@ -78,6 +78,7 @@ def serve(args: argparse.Namespace) -> int:
     from engine.metrics import MetricFactory, ServingMetrics
     from engine.weights import WeightsError, local_model_dir, require_verified
     from engine.weights.manifest import MANIFEST_NAME
+    from engine import intraop
     from engine.device import resolve_device
     from kernels.startup import arch_for, startup_ops
 
@@ -94,6 +95,7 @@ def serve(args: argparse.Namespace) -> int:
         from engine.encoder.serving import serve_encoder
 
         return serve_encoder(args)
+    intraop.serial_process()  # before any torch op: the engine thread alone runs parallel ops
     try:
         config = engine_config(args)
         keys = load_api_keys(args.api_key_file)

@@ -1,0 +1,47 @@
+"""Intra-op threads belong to the engine thread: every other thread of a serving process runs its torch
+ops inline.
+
+Why: torch's CPU ops (and the compiled ops) run their parallel loops on libgomp. libgomp gives every
+thread that starts a parallel region its own pool of worker threads, and once the pools of a process
+together hold more threads than it has cores, the workers stop spinning between regions and go to
+sleep, so every parallel op pays a wake-up. A serving process loads the model and verifies its ops on
+the main thread, then steps the model on the engine thread: two pools. Measured on a 2-core host
+(`python benchmarks/profile_engine.py --batches 1`): a 1024x512 projection at batch 1 took 20 us on a
+thread holding the only pool and 110 us beside a second pool, and batch-1 decode of the default model
+ran at half speed. The same happens when any other thread (the event loop's workers, a warm-up thread)
+runs a parallel op while the engine lives.
+
+The rule, in one place:
+- `serial_process()` first thing in a process that serves, before any torch op: torch's thread count
+  becomes 1, so the main thread never holds a pool. It records the count the process was given
+  (OMP_NUM_THREADS, or torch's default: the cores it may use).
+- The engine thread calls `claim()` before its first step: its ops use the recorded count. Work that
+  would run parallel ops elsewhere (the KV cache's allocation) goes through the engine thread.
+- Nothing sets the count again while the engine runs: a later `torch.set_num_threads(1)` from any other
+  thread halved the compiled MoE op's speed on the engine thread in the same measurement.
+
+A process that never calls `serial_process()` (tests, notebooks) keeps torch's defaults everywhere.
+"""
+
+from __future__ import annotations
+
+import torch
+
+_engine_threads: int | None = None  # process-wide, as the OpenMP runtime it configures
+
+
+def serial_process() -> int:
+    """Make torch ops serial on this thread and record the process's count for the engine thread."""
+    global _engine_threads
+    if _engine_threads is None:
+        _engine_threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+    return _engine_threads
+
+
+def claim() -> int:
+    """On the engine thread: its ops use the count `serial_process()` recorded (if it ran); returns the
+    count this thread now uses."""
+    if _engine_threads is not None:
+        torch.set_num_threads(_engine_threads)
+    return torch.get_num_threads()
