@@ -1,8 +1,9 @@
 // MoE experts: counting-sort the (token, slot) pairs by expert, then per expert group run the
 // SwiGLU MLP and scatter the weighted result into an fp32 accumulator. Groups up to
-// kFusedGroupMax tokens (decode, small prefills) use register-tiled dot products that stream each
+// fused_group_max<T>() tokens (decode, small prefills) use register-tiled dot products that stream each
 // weight row once for the whole group; larger groups (prefill) call at::mm on the gathered rows.
 #pragma once
+#include <type_traits>
 #include <vector>
 
 #include "common.h"
@@ -10,13 +11,23 @@
 
 namespace tideflow {
 
-// Where at::mm on gathered rows overtakes the tiled loops (benchmarks/kernels.py moe cases, 2-core
-// AVX512-BF16 host: the tiled loops win up to ~96 tokens per expert in both dtypes).
-constexpr int64_t kFusedGroupMax = 64;
+// Where at::mm on gathered rows overtakes the tiled loops, per dtype. Without AMX the tiled loops win
+// up to ~96 tokens per expert in both dtypes (2-core AVX512-BF16 host). With AMX, at::mm runs bf16 on
+// oneDNN's AMX brgemm and wins from TIDEFLOW_AMX_BF16_GROUP_MIN tokens (benchmarks/kernel_ops.py, moe).
+#ifndef TIDEFLOW_AMX_BF16_GROUP_MIN
+#define TIDEFLOW_AMX_BF16_GROUP_MIN 12
+#endif
+template <typename T>
+constexpr int64_t fused_group_max() {
+#if defined(__AMX_BF16__)
+  if constexpr (std::is_same_v<T, uint16_t>) return TIDEFLOW_AMX_BF16_GROUP_MIN - 1;
+#endif
+  return 64;
+}
 
 inline float silu(float v) { return v / (1.f + vexp(-v)); }
 
-// One expert, n <= kFusedGroupMax tokens: act = silu(x W_gate^T) * (x W_up^T) (rounded to T as
+// One expert, n <= fused_group_max<T>() tokens: act = silu(x W_gate^T) * (x W_up^T) (rounded to T as
 // the reference does), out += w * act W2^T. Threads split the weight rows, so the expert's weights
 // are read once per step whatever n is.
 template <typename T>
@@ -130,12 +141,12 @@ inline at::Tensor moe_experts(const at::Tensor& x_in, const at::Tensor& w13_in,
   float* out = acc.data_ptr<float>();
   dispatch(x, "moe_experts", [&](auto tag) {
     using T = decltype(tag);
-    std::vector<T> act(std::min(kFusedGroupMax, tokens) * inter);
+    std::vector<T> act(std::min(fused_group_max<T>(), tokens) * inter);
     for (int64_t e = 0; e < experts; ++e) {
       const int64_t n = offsets[e + 1] - offsets[e];
       if (n == 0) continue;
       const int64_t s = offsets[e];
-      if (n <= kFusedGroupMax) {
+      if (n <= fused_group_max<T>()) {
         expert_fused<T>(cptr<T>(x), cptr<T>(w13) + e * 2 * inter * hidden,
                            cptr<T>(w2) + e * hidden * inter, sorted_tok.data() + s,
                            sorted_w.data() + s, n, hidden, inter, act.data(), out);
