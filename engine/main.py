@@ -15,7 +15,7 @@ import sys
 from engine.errors import TideflowError
 
 # Modules exposing add_commands(subparsers), imported in this order.
-ENGINE_COMMANDS = ("engine.cli", "engine.serve_cli", "engine.router.cli", "engine.control.cli", "engine.group.cli",
+ENGINE_COMMANDS = ("engine.cli", "engine.serve_cli", "engine.router.cli", "engine.control.cli", "engine.control.group_cli",
                    "engine.weights.cli", "kernels.cli", "engine.drills.cli")
 
 

@@ -47,7 +47,7 @@ def add_commands(subparsers) -> None:
     p.add_argument("--metrics-group", default="", help="group label on every metric")
     p.add_argument("--metrics-version", default="", help="version label on every metric")
     add_dep_arguments(p)
-    p.add_argument("--faults", help="tests and drills only: a FaultConfig (engine/faults.py) as JSON or a JSON file path")
+    p.add_argument("--faults", help="tests and drills only: a FaultConfig (engine/server/faults.py) as JSON or a JSON file path")
     p.add_argument("--standby", action="store_true",
                    help="start silent: load and warm up, release the KV cache, serve only after POST /admin/activate")
     p.add_argument("--kernels", choices=KERNEL_MODES, default=None,
@@ -71,7 +71,7 @@ def engine_config(args: argparse.Namespace):
 def serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from engine.faults import FaultConfig, FaultInjector
+    from engine.server.faults import FaultConfig, FaultInjector
     from engine.llm_engine import LLMEngine
     from engine.server.app import create_app
     from engine.server.auth import load_api_keys
@@ -92,7 +92,7 @@ def serve(args: argparse.Namespace) -> int:
         print(f"tideflow serve: {exc}", file=sys.stderr)
         return 1
     if args.role == "encoder":
-        from engine.encoder.serving import serve_encoder
+        from engine.server.encoder_app import serve_encoder
 
         return serve_encoder(args)
     intraop.serial_process()  # before any torch op: the engine thread alone runs parallel ops

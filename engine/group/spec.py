@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from engine.engine_config import EngineKnobs
 from engine.errors import TideflowError
-from engine.faults import FaultConfig
+from engine.server.faults import FaultConfig
 from engine.paths import home
 
 Role = Literal["encoder", "prefill", "decode", "colocated"]

@@ -12,7 +12,7 @@ from typing import AsyncIterator
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from engine.faults import FaultInjector
+from engine.server.faults import FaultInjector
 from engine.llm_engine import LLMEngine, RequestOutput, RequestStream
 from engine.server.standby import InstanceState, ServingSwitch
 from engine.server.admin_routes import admin_routes

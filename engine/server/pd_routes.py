@@ -14,7 +14,7 @@ from fastapi import APIRouter, Request
 
 from engine.encoder.prompt import spliced_prompt
 from engine.encoder.splice import SplicedPrompt
-from engine.faults import FaultInjector
+from engine.server.faults import FaultInjector
 from engine.llm_engine import LLMEngine
 from engine.pd import DecodeRequest, Handoff, HandoffResult, PrefillRequest, new_transfer_id
 from engine.server.errors import APIError

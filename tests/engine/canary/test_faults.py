@@ -4,7 +4,7 @@ import asyncio
 
 import pytest
 
-from engine.faults import INJECTED_CODE, FaultConfig, FaultInjector
+from engine.server.faults import INJECTED_CODE, FaultConfig, FaultInjector
 from engine.server.errors import APIError
 
 

@@ -14,7 +14,7 @@ from engine.canary.gates import GateSuite
 from engine.canary.judge import JudgeConfig
 from engine.canary.rollout import conclude, hold_step, shift_weights
 from engine.canary.samples import RouterSamples
-from engine.faults import INJECTED_CODE
+from engine.server.faults import INJECTED_CODE
 from engine.group.manager import GroupState
 
 FIGURES = ("requests", "errors", "error_rate", "ttft_p99_s", "tpot_p99_s", "throughput_tps", "window_s")

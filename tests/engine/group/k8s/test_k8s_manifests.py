@@ -10,7 +10,7 @@ import jsonschema
 import pytest
 import yaml
 
-from engine.group import cli
+from engine.control import group_cli as cli
 from engine.group.k8s.manifests import render, render_yaml
 from engine.group.spec import InferenceGroup
 
