@@ -13,8 +13,9 @@ runs a parallel op while the engine lives.
 
 The rule, in one place:
 - `serial_process()` first thing in a process that serves, before any torch op: torch's thread count
-  becomes 1, so the main thread never holds a pool. It records the count the process was given
-  (OMP_NUM_THREADS, or torch's default: the cores it may use).
+  becomes 1, so the main thread never holds a pool. It records the engine thread's count: `serve
+  --threads`, which a group member gets from its CPU share (several members on one host must not each
+  spin on every core), or the count the process was given (OMP_NUM_THREADS, or torch's default).
 - The engine thread calls `claim()` before its first step: its ops use the recorded count. Work that
   would run parallel ops elsewhere (the KV cache's allocation) goes through the engine thread.
 - Nothing sets the count again while the engine runs: a later `torch.set_num_threads(1)` from any other
@@ -30,11 +31,12 @@ import torch
 _engine_threads: int | None = None  # process-wide, as the OpenMP runtime it configures
 
 
-def serial_process() -> int:
-    """Make torch ops serial on this thread and record the process's count for the engine thread."""
+def serial_process(threads: int | None = None) -> int:
+    """Make torch ops serial on this thread and record the engine thread's count: `threads`, or the count
+    the process was given (a group member gets its CPU share: `serve --threads`)."""
     global _engine_threads
     if _engine_threads is None:
-        _engine_threads = torch.get_num_threads()
+        _engine_threads = threads or torch.get_num_threads()
         torch.set_num_threads(1)
     return _engine_threads
 

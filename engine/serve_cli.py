@@ -9,6 +9,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from engine.argtypes import positive_int
 from engine.errors import EXIT_WEIGHTS, TideflowError
 from engine.parallel.serve_args import add_arguments as add_dep_arguments, dep_serve_config
 from engine.server.limits import MEMBER_KEEP_ALIVE_S
@@ -36,6 +37,9 @@ def add_commands(subparsers) -> None:
     p.add_argument("--no-prefix-cache", action="store_true", help="do not reuse KV blocks of shared prompt prefixes")
     p.add_argument("--max-body-bytes", type=int, default=8 << 20, help="largest request body accepted (413 above)")
     p.add_argument("--dtype", choices=["float32", "bfloat16"])
+    p.add_argument("--threads", type=positive_int, default=None,
+                   help="compute threads of the engine (default: $OMP_NUM_THREADS or every core this process may use); "
+                        "a group member gets its CPU share")
     p.add_argument("--device", help="cpu (default), cuda (the first GPU this process sees) or cuda:<index>; the "
                                     "compiled ops of that device are built and used")
     p.add_argument("--role", choices=["colocated", "prefill", "decode", "encoder"], default="colocated",
@@ -95,7 +99,7 @@ def serve(args: argparse.Namespace) -> int:
         from engine.server.encoder_app import serve_encoder
 
         return serve_encoder(args)
-    intraop.serial_process()  # before any torch op: the engine thread alone runs parallel ops
+    intraop.serial_process(args.threads)  # before any torch op: the engine thread alone runs parallel ops
     try:
         config = engine_config(args)
         keys = load_api_keys(args.api_key_file)

@@ -15,7 +15,7 @@ PACKAGES = ("engine", "kernels", "tasks", "flows")
 
 # Bottom to top. A unit may import units of its own layer or below; within a layer, no circles.
 LAYERS: list[tuple[str, ...]] = [
-    ("kernels", "engine", "engine.errors", "engine.paths", "engine.http", "engine.metrics", "engine.engine_config",
+    ("kernels", "engine", "engine.argtypes", "engine.errors", "engine.paths", "engine.http", "engine.metrics", "engine.engine_config",
      "engine.sampling", "engine.resume", "engine.intraop", "engine.process", "engine.device", "engine.stop",
      "engine.sequence", "engine.tokenizer", "engine.weights", "engine.transfer"),
     ("engine.model", "engine.kv_cache", "engine.shuttle", "engine.model_runner", "engine.encoder"),

@@ -20,6 +20,7 @@ def serve_argv(group: InferenceGroup, spec: RoleSpec, *, model: str, host: str, 
         "--block-size", str(e.block_size),
         "--max-wait-ms", str(e.max_wait_ms),
         "--max-queue", str(e.max_queue),
+        "--threads", str(spec.resources.threads),
     ]
     if not e.enable_prefix_cache:
         args.append("--no-prefix-cache")

@@ -7,6 +7,7 @@ that start, fail and are rebuilt together. `TP1` is one member; `TP<n>` for n > 
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import string
@@ -29,6 +30,8 @@ DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 PARALLEL = re.compile(r"^(DEP|TP)([1-9][0-9]*)$")
 # Kubernetes resource quantity, e.g. "500m", "2", "16Gi", "1.5G".
 QUANTITY = re.compile(r"^([0-9]+(\.[0-9]*)?|\.[0-9]+)([KMGTPE]i|[numkMGTPE])?$")
+QUANTITY_FACTORS = {"n": 1e-9, "u": 1e-6, "m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18,
+                    "Ki": 2.0**10, "Mi": 2.0**20, "Gi": 2.0**30, "Ti": 2.0**40, "Pi": 2.0**50, "Ei": 2.0**60}
 LABEL_KEY = re.compile(r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
 LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9])?$")
 
@@ -75,7 +78,9 @@ class Resources(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    cpu: str = Field("1", description="CPU cores as a Kubernetes quantity, e.g. '500m', '4'")
+    cpu: str = Field("1", description="CPU cores as a Kubernetes quantity, e.g. '500m', '4'; the member computes on "
+                                      "this many threads, rounded up (`serve --threads`), so members sharing a host "
+                                      "do not each spin on every core")
     memory: str = Field("4Gi", description="memory as a Kubernetes quantity, e.g. '16Gi'")
     gpus: int = Field(0, ge=0, le=16, description="GPUs per member (nvidia.com/gpu on Kubernetes; locally its own "
                                                   "GPUs via CUDA_VISIBLE_DEVICES); a member with GPUs computes on cuda")
@@ -87,6 +92,13 @@ class Resources(BaseModel):
         if not QUANTITY.match(text):
             raise ValueError(f"{text!r} is not a Kubernetes quantity (e.g. '500m', '2', '16Gi')")
         return text
+
+    @property
+    def threads(self) -> int:
+        """The member's compute threads: its CPU share rounded up ('500m' -> 1, '2' -> 2, '2500m' -> 3)."""
+        parsed = QUANTITY.match(self.cpu)
+        cores = float(parsed.group(1)) * QUANTITY_FACTORS.get(parsed.group(3) or "", 1.0)
+        return max(1, math.ceil(cores - 1e-9))
 
 
 class EngineArgs(EngineKnobs):

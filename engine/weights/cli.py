@@ -3,18 +3,12 @@
 import argparse
 import sys
 
+from engine.argtypes import positive_int
 from engine.weights.config import MiB
 from engine.weights.errors import WeightsError
 from engine.weights.publish import publish
 from engine.weights.pull import pull
 from engine.weights.verify import verify
-
-
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text} is not a positive integer")
-    return value
 
 
 def _run(action) -> int:
@@ -67,18 +61,18 @@ def add_commands(subparsers) -> None:
     p.add_argument("dir", help="checkpoint directory")
     p.add_argument("--to", required=True, help="s3://bucket/models/<name>/<version>/, file:///path/ or a path")
     p.add_argument("--force", action="store_true", help="overwrite a version that holds other content")
-    p.add_argument("--part-size", type=_positive, help="part size in MiB (default 64, at least 5)")
-    p.add_argument("--concurrency", type=_positive, help="parts in flight (default 8)")
+    p.add_argument("--part-size", type=positive_int, help="part size in MiB (default 64, at least 5)")
+    p.add_argument("--concurrency", type=positive_int, help="parts in flight (default 8)")
     p.set_defaults(func=_publish)
 
     v = sub.add_parser("verify", help="check a published version against its manifest")
     v.add_argument("url", help="the version's URL")
     v.add_argument("--deep", action="store_true", help="stream every byte and recompute SHA-256")
-    v.add_argument("--concurrency", type=_positive, help="ranged GETs in flight (deep mode)")
+    v.add_argument("--concurrency", type=positive_int, help="ranged GETs in flight (deep mode)")
     v.set_defaults(func=_verify)
 
     g = sub.add_parser("pull", help="fetch a version into a node-local cache")
     g.add_argument("url", help="the version's URL")
     g.add_argument("--cache", required=True, help="cache directory")
-    g.add_argument("--concurrency", type=_positive, help="ranged GETs in flight")
+    g.add_argument("--concurrency", type=positive_int, help="ranged GETs in flight")
     g.set_defaults(func=_pull)

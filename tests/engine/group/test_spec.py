@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from engine.group.argv import serve_argv
 from engine.group.spec import GroupSpecError, InferenceGroup, Member
 
 GROUPS = Path(__file__).resolve().parents[3] / "deployments" / "groups"
@@ -178,3 +179,12 @@ def test_shipped_shapes():
     assert [r.role for r in InferenceGroup.from_yaml(GROUPS / "tiny-pd.yaml").roles] == ["prefill", "decode"]
     assert InferenceGroup.from_yaml(GROUPS / "tiny-dep2.yaml").total_members == 4
     assert InferenceGroup.from_yaml(GROUPS / "tiny-2p1d.yaml").role("prefill").instances == 2
+
+
+@pytest.mark.parametrize("cpu, threads", [("500m", 1), ("1", 1), ("2", 2), ("2500m", 3), ("1.5", 2), ("100m", 1)])
+def test_a_member_computes_on_its_cpu_share_rounded_up(cpu, threads):
+    group = InferenceGroup.model_validate(pd(roles=[{"role": "colocated", "resources": {"cpu": cpu}}]))
+    spec = group.role("colocated")
+    assert spec.resources.threads == threads
+    argv = serve_argv(group, spec, model="/m", host="127.0.0.1", port=1, served_name="m")
+    assert argv[argv.index("--threads") + 1] == str(threads), "both backends start the member with its share"
