@@ -163,6 +163,8 @@ class LLMEngine:
         self._calls_open = False  # True while the engine thread takes calls
         self._calls_lock = threading.Lock()
         self._submit_lock = threading.Lock()
+        self.failure: str | None = None  # why the engine thread ended on an error; new requests get it
+        self.on_failure: Callable[[str], None] | None = None  # called once its requests have failed (serve exits)
         self._wake = threading.Event()
         self._stopping = False
         self._thread: threading.Thread | None = None
@@ -251,6 +253,8 @@ class LLMEngine:
 
     def _enqueue(self, req: _Request) -> str:
         with self._submit_lock:
+            if self.failure is not None:
+                raise EngineError(self.failure)
             if self.num_queued >= self.config.max_queue:
                 raise QueueFull(f"the queue holds {self.config.max_queue} waiting requests; retry later")
             self._adds.append(req)
@@ -360,6 +364,26 @@ class LLMEngine:
 
     # ---- the engine thread -------------------------------------------------------------------
     def _loop(self) -> None:
+        try:
+            self._serve()
+        except Exception as exc:  # a failed model step fails only its batch (_run); this is anything else
+            log.exception("the engine thread failed")
+            self.failure = f"the engine thread failed: {type(exc).__name__}: {exc}"
+            self.ready = False
+        self._run_calls(open_after=False)
+        pending: list[_Request] = []
+        if self.failure is not None:  # nobody may wait on a dead thread: queued requests fail too
+            with self._submit_lock:
+                pending, self._adds = list(self._adds), deque()
+        for req in [*self._requests.values(), *pending]:
+            try:
+                self._fail(req, self.failure or "the engine stopped")
+            except Exception:  # one sink that cannot take its answer must not keep the others waiting
+                log.exception("could not tell request %s that the engine stopped", req.seq.request_id)
+        if self.failure is not None and self.on_failure is not None:
+            self.on_failure(self.failure)
+
+    def _serve(self) -> None:
         intraop.claim()
         self._run_calls(open_after=True)
         while not self._stopping:
@@ -377,9 +401,6 @@ class LLMEngine:
                 continue
             self._run(plan)
             self._observe(plan)
-        self._run_calls(open_after=False)
-        for req in list(self._requests.values()):
-            self._fail(req, "the engine stopped")
 
     def _drain_inbox(self) -> None:
         while self._adds:
