@@ -41,9 +41,7 @@ def serial_process(threads: int | None = None) -> int:
     return _engine_threads
 
 
-def claim() -> int:
-    """On the engine thread: its ops use the count `serial_process()` recorded (if it ran); returns the
-    count this thread now uses."""
+def claim() -> None:
+    """On the engine thread: its ops use the count `serial_process()` recorded (if it ran)."""
     if _engine_threads is not None:
         torch.set_num_threads(_engine_threads)
-    return torch.get_num_threads()

@@ -388,7 +388,8 @@ class LLMEngine:
         self._run_calls(open_after=True)
         while not self._stopping:
             self._wake.clear()
-            self._run_calls(open_after=True)
+            if self._calls:
+                self._run_calls(open_after=True)
             self._drain_inbox()
             now = time.monotonic()
             plan = self.scheduler.schedule(now) if self.scheduler.has_work else None

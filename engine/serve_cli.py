@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
 from pathlib import Path
 
 from pydantic import ValidationError
 
 from engine.argtypes import positive_int
-from engine.errors import EXIT_WEIGHTS, TideflowError
+from engine.errors import EXIT_ENGINE_FAILED, EXIT_WEIGHTS, TideflowError, exit_member
 from engine.parallel.serve_args import add_arguments as add_dep_arguments, dep_serve_config
 from engine.server.limits import MEMBER_KEEP_ALIVE_S
 from kernels.spec import KERNEL_MODES
@@ -126,18 +125,10 @@ def serve(args: argparse.Namespace) -> int:
     except (TideflowError, OSError, ValueError) as exc:
         print(f"tideflow serve: {exc}", file=sys.stderr)
         return 1
-    engine.on_failure = _exit_member
+    engine.on_failure = lambda why: exit_member(EXIT_ENGINE_FAILED, why)
     log.info("serving %s on http://%s:%d (%d KV blocks of %d tokens)", config.model_name, args.host, args.port,
              engine.allocator.num_blocks, config.block_size)
     app = create_app(engine, config.model_name, keys, transport=None if args.role == "colocated" else args.kv_transport,
                      faults=faults, standby=args.standby, host=args.host, max_body_bytes=args.max_body_bytes)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_keep_alive=MEMBER_KEEP_ALIVE_S)
     return 0
-
-
-def _exit_member(reason: str) -> None:
-    """The engine thread ended on an error (its requests have failed): leave, so the group manager sees the
-    member gone and rebuilds the group whole, instead of a process that answers /health with no engine."""
-    log.critical("%s; exiting so the group is rebuilt", reason)
-    logging.shutdown()
-    os._exit(1)

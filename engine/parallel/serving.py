@@ -14,12 +14,11 @@ process group timeout) exits the process non-zero, and the group manager rebuild
 from __future__ import annotations
 
 import logging
-import os
 import threading
 
 import torch
 
-from engine.errors import EXIT_PEER_LOST
+from engine.errors import EXIT_PEER_LOST, exit_member
 from engine.parallel.expert_lb import ExpertLBConfig
 from engine.engine_config import EngineConfig
 from engine.llm_engine import DEFAULT_KV_FRACTION, LLMEngine
@@ -80,7 +79,8 @@ class DEPRunner:
                     log.info("DEP rank %d: experts rebalanced at step %d", self.rank.rank, steps)
             return logits
         except Exception:
-            _exit_instance(self.rank.rank)
+            exit_member(EXIT_PEER_LOST, f"DEP rank {self.rank.rank}: a collective step failed (a peer died or "
+                                        "timed out)", exc_info=True)
             raise
 
     def idle(self, wake: threading.Event) -> None:
@@ -89,14 +89,6 @@ class DEPRunner:
         self.step([])
         if self.rank.steps == before:
             wake.wait(self.idle_wait_s)
-
-
-def _exit_instance(rank: int) -> None:
-    """The instance cannot step together any more: leave now so the group is rebuilt whole."""
-    log.critical("DEP rank %d: a collective step failed (a peer died or timed out); exiting so the group is rebuilt",
-                 rank, exc_info=True)
-    logging.shutdown()
-    os._exit(EXIT_PEER_LOST)
 
 
 def build_dep_engine(model_dir: str, config: EngineConfig, dep: DEPServeConfig,
