@@ -3,7 +3,7 @@
     python benchmarks/guidellm_crosscheck.py [--server engine|reference] [--rate 4] [--requests 40]
 
 guidellm lives in its own venv (it pins an older click and adds uvloop/httptools, which would change the main venv):
-    python3.11 -m venv .venv-guidellm && .venv-guidellm/bin/pip install -c constraints.txt guidellm
+    python3.11 -m venv .venv-guidellm && .venv-guidellm/bin/pip install guidellm "$(grep ^torch== constraints.txt)"
 Target: TTFT p50 and output tokens/s within 15% of guidellm's.
 """
 

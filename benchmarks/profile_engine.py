@@ -31,7 +31,7 @@ from engine.llm_engine import EngineConfig, LLMEngine  # noqa: E402
 from engine.model import load_model  # noqa: E402
 from engine.sampling import SamplingParams  # noqa: E402
 from engine.tokenizer import Tokenizer  # noqa: E402
-from kernels.startup import startup_ops  # noqa: E402
+from tideflow_kernels.startup import startup_ops  # noqa: E402
 
 CATEGORIES = [  # first match wins, on the lower-cased op name
     ("attention", ("attention", "sdpa", "softmax_backward")),

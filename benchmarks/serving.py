@@ -17,7 +17,7 @@ import time
 
 import torch
 
-from kernels.loader import load_cached
+from tideflow_kernels.loader import load_cached
 from engine.default_model import DEFAULT_CONFIG, write_default_model
 from engine.llm_engine import EngineConfig, LLMEngine
 from engine.model.loader import load_model

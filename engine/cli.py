@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 from engine.paths import default_model_dir
-from kernels.spec import KERNEL_MODES
+from tideflow_kernels.spec import KERNEL_MODES
 
 
 def add_commands(subparsers: argparse._SubParsersAction) -> None:
@@ -49,7 +49,7 @@ def _generate(args: argparse.Namespace) -> int:
     from engine.generate import GenerationStats, generate
     from engine.model import load_model
     from engine.device import resolve_device
-    from kernels.startup import arch_for, startup_ops
+    from tideflow_kernels.startup import arch_for, startup_ops
     from engine.sampling import SamplingParams
     from engine.tokenizer import Tokenizer
 

@@ -16,7 +16,7 @@ from engine.errors import TideflowError
 
 # Modules exposing add_commands(subparsers), imported in this order.
 ENGINE_COMMANDS = ("engine.cli", "engine.serve_cli", "engine.router.cli", "engine.control.cli", "engine.control.group_cli",
-                   "engine.weights.cli", "kernels.cli", "engine.drills.cli")
+                   "engine.weights.cli", "tideflow_kernels.cli", "engine.drills.cli")
 
 
 def build_parser(modules: tuple[str, ...] = ENGINE_COMMANDS) -> argparse.ArgumentParser:

@@ -13,7 +13,7 @@ from engine.argtypes import positive_int
 from engine.errors import EXIT_ENGINE_FAILED, EXIT_WEIGHTS, TideflowError, exit_member
 from engine.parallel.serve_args import add_arguments as add_dep_arguments, dep_serve_config
 from engine.server.limits import MEMBER_KEEP_ALIVE_S
-from kernels.spec import KERNEL_MODES
+from tideflow_kernels.spec import KERNEL_MODES
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +84,7 @@ def serve(args: argparse.Namespace) -> int:
     from engine.weights.manifest import MANIFEST_NAME
     from engine import intraop
     from engine.device import resolve_device
-    from kernels.startup import arch_for, startup_ops
+    from tideflow_kernels.startup import arch_for, startup_ops
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prefect import flow
 
-from kernels.spec import BuildManifest, BuildRequest
+from tideflow_kernels.spec import BuildManifest, BuildRequest
 from tasks.kernels import compile_kernels
 
 

@@ -24,7 +24,7 @@ from flows.deploy_group import deploy_group
 from flows.drills import FaultDrillParams, LoadDrillParams, fault_drill, fleet_router, load_drill
 from flows.params import DeployParams, WeightsParams
 from flows.publish_weights import publish_weights
-from kernels.spec import BuildRequest
+from tideflow_kernels.spec import BuildRequest
 
 
 def embedded_plan() -> CanaryPlan:

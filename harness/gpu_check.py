@@ -1,7 +1,7 @@
 """The GPU path end to end, in one run: what scripts/gpu_check.sh calls on a machine with a GPU.
 
 Steps (each prints PASS/FAIL/SKIP with its figures; the exit code is 1 when any step failed):
-  kernels    build and verify the compiled ops for the device (kernels.startup, as `serve` does), list them
+  kernels    build and verify the compiled ops for the device (tideflow_kernels.startup, as `serve` does), list them
   attention  paged decode attention (the op the engine routes to) against F.scaled_dot_product_attention
   parity     our model against transformers on the same device: logits (fp32) and 32 greedy tokens
   serve      `tideflow serve --device <device>` as its own process, asked through the official openai client
@@ -50,8 +50,8 @@ class Check:
 
     # ---- steps -------------------------------------------------------------------------------------------------
     def kernels(self) -> str:
-        from kernels import ops
-        from kernels.startup import arch_for, startup_ops
+        from tideflow_kernels import ops
+        from tideflow_kernels.startup import arch_for, startup_ops
 
         arch = arch_for(self.device)
         loaded = startup_ops(arch, "auto", progress=lambda msg: print(f"    {msg}", flush=True))
@@ -62,7 +62,7 @@ class Check:
         return f"{len(loaded)} ops built for {arch}, verified and routed for {self.device.type} tensors"
 
     def attention(self) -> str:
-        from kernels import ops
+        from tideflow_kernels import ops
 
         torch.manual_seed(0)
         dtype = getattr(torch, self.dtype)

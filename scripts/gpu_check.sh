@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU path end to end on a machine with a GPU, in one run bounded to 8 minutes (issue #23):
-#   1. build the CUDA ops for this GPU's arch with nvcc, verify each against torch, time both (kernels.gpu_check)
+#   1. build the CUDA ops for this GPU's arch with nvcc, verify each against torch, time both (tideflow_kernels.gpu_check)
 #   2. harness.gpu_check --device cuda: ops routed per device, paged attention vs SDPA, parity with transformers
 #      on the GPU, `tideflow serve --device cuda` through the openai client, DEP2 over NCCL (two GPUs), and
 #      decode tok/s against transformers generate() on the GPU.
@@ -34,8 +34,8 @@ then
 fi
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 
-echo "== 1/2 CUDA ops: build, verify, time (kernels.gpu_check)"
-timeout 240 "$PY" -m kernels.gpu_check --bench-iters 50
+echo "== 1/2 CUDA ops: build, verify, time (tideflow_kernels.gpu_check)"
+timeout 240 "$PY" -m tideflow_kernels.gpu_check --bench-iters 50
 ops_rc=$?
 
 echo "== 2/2 the GPU path (harness.gpu_check --device cuda)"

@@ -1,1 +1,1 @@
-"""Thin Prefect tasks: one verb each, calling engine/ or kernels/."""
+"""Thin Prefect tasks: one verb each, calling engine/ or tideflow_kernels/."""

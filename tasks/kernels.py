@@ -5,8 +5,8 @@ from __future__ import annotations
 from prefect import get_run_logger, task
 from prefect.artifacts import create_table_artifact
 
-from kernels.build import build, cache_key_of
-from kernels.spec import BuildManifest, BuildRequest
+from tideflow_kernels.build import build, cache_key_of
+from tideflow_kernels.spec import BuildManifest, BuildRequest
 
 
 def _key(context, parameters) -> str:

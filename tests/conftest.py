@@ -11,7 +11,7 @@ import pytest
 
 from engine.default_model import DEFAULT_CONFIG, TINY_CONFIG, write_default_model
 from engine.process import start_ticks
-from kernels.spec import KERNELS_ENV
+from tideflow_kernels.spec import KERNELS_ENV
 
 # Members started by tests use a kernel build only where a test made one (tests/kernels, the release flow):
 # greedy outputs are compared with in-process references on torch's ops, and compiling in every module's

@@ -1,7 +1,7 @@
 """Imports point down the layers: read every module of the package with `ast` (imports inside functions
 too), fold modules into units (a subpackage of engine/, a module of engine/, or a top package), and fail on
 an import from a lower layer to a higher one, on any circle between units, on a unit no layer names, and
-on Prefect imported under engine/ or kernels/."""
+on Prefect imported under engine/ or tideflow_kernels/."""
 
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("engine", "kernels", "tasks", "flows")
+PACKAGES = ("engine", "tideflow_kernels", "tasks", "flows")
 
 # Bottom to top. A unit may import units of its own layer or below; within a layer, no circles.
 LAYERS: list[tuple[str, ...]] = [
-    ("kernels", "engine", "engine.argtypes", "engine.errors", "engine.paths", "engine.http", "engine.metrics", "engine.engine_config",
+    ("tideflow_kernels", "engine", "engine.argtypes", "engine.errors", "engine.paths", "engine.http", "engine.metrics", "engine.engine_config",
      "engine.sampling", "engine.resume", "engine.intraop", "engine.process", "engine.device", "engine.stop",
      "engine.sequence", "engine.tokenizer", "engine.weights", "engine.transfer"),
     ("engine.model", "engine.kv_cache", "engine.shuttle", "engine.model_runner", "engine.encoder"),
@@ -158,7 +158,7 @@ def test_no_circles_between_units(graph):
 
 def test_the_engine_and_kernels_never_import_prefect(graph):
     _, _, tops = graph
-    offenders = sorted(f for f, names in tops.items() if f.split("/")[0] in ("engine", "kernels") and "prefect" in names)
+    offenders = sorted(f for f, names in tops.items() if f.split("/")[0] in ("engine", "tideflow_kernels") and "prefect" in names)
     assert offenders == []
 
 

@@ -15,7 +15,7 @@ from pydantic import BaseModel, Field
 from engine.errors import TideflowError
 from engine.paths import home
 from engine.process import start_ticks
-from kernels.atomic_file import atomic_write_text
+from tideflow_kernels.atomic_file import atomic_write_text
 
 URL_ENV = "TIDEFLOW_CONTROLLER_URL"
 KEY_ENV = "TIDEFLOW_CONTROLLER_KEY"

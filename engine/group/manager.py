@@ -22,7 +22,7 @@ from engine.group.spec import InferenceGroup
 from engine.router.admin import wait_drained
 from engine.router.registry import Endpoint
 from engine.group.switch import MemberSwitch, MemberSwitchError
-from kernels.atomic_file import atomic_write_text
+from tideflow_kernels.atomic_file import atomic_write_text
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ from torch import nn
 from engine.model.config import ModelConfig
 from engine.model.norm import RMSNorm
 from engine.model.paged import AttentionMetadata
-from kernels import ops
+from tideflow_kernels import ops
 
 
 class Attention(nn.Module):

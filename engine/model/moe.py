@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.model.config import ModelConfig
-from kernels import ops
+from tideflow_kernels import ops
 
 # (x, topk_weights, topk_ids, compute_local) -> combined expert output. The default runs every
 # expert locally; expert parallelism installs one that dispatches tokens to the ranks holding them.

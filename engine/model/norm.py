@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from kernels import ops
+from tideflow_kernels import ops
 
 
 class RMSNorm(nn.Module):

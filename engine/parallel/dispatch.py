@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from engine.model.moe import Experts
-from kernels import ops
+from tideflow_kernels import ops
 
 ExchangeKind = Literal["alltoall", "p2p", "allgather"]
 

@@ -22,7 +22,7 @@ from engine.weights.config import FsStoreConfig
 from engine.weights.errors import ChecksumMismatchError, ObjectMissingError, WeightsError
 from engine.weights.parts import composite_sha256, sha256_b64
 from engine.weights.store import ObjectStore, StoredObject, StoredPart
-from kernels.atomic_file import atomic_write_bytes
+from tideflow_kernels.atomic_file import atomic_write_bytes
 
 
 def refuse_symlinks(root: Path, path: Path) -> None:

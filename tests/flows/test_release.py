@@ -18,7 +18,7 @@ from engine.control.client import ControlClient
 from flows.drills import FaultDrillParams, LoadDrillParams
 from flows.release import ReleaseParams, release
 from engine.process import free_port, start_service
-from kernels.spec import BuildRequest
+from tideflow_kernels.spec import BuildRequest
 
 REPO = Path(__file__).resolve().parents[2]
 

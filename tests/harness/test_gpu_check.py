@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from harness import gpu_check
-from kernels import ops, reference
+from tideflow_kernels import ops, reference
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from kernels import ops
-from kernels.build import build
-from kernels.loader import implementations
-from kernels.spec import BuildRequest
+from tideflow_kernels import ops
+from tideflow_kernels.build import build
+from tideflow_kernels.loader import implementations
+from tideflow_kernels.spec import BuildRequest
 
 
 @pytest.fixture(scope="session")

@@ -10,12 +10,12 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from kernels import ops, reference
-from kernels.build import build
-from kernels.cpu.extension import SOURCE_DIR
-from kernels.errors import BuildFailed
-from kernels.loader import implementations, load_cached
-from kernels.spec import BuildManifest, BuildRequest
+from tideflow_kernels import ops, reference
+from tideflow_kernels.build import build
+from tideflow_kernels.cpu.extension import SOURCE_DIR
+from tideflow_kernels.errors import BuildFailed
+from tideflow_kernels.loader import implementations, load_cached
+from tideflow_kernels.spec import BuildManifest, BuildRequest
 
 
 def test_first_build_compiles_and_verifies_every_op(cpu_build):
@@ -42,7 +42,7 @@ def test_load_cached_routes_ops_to_the_verified_build(cpu_build):
     loaded = load_cached(arch="native")
     assert sorted(loaded) == sorted(ops.OP_NAMES)
     for op in ops.OP_NAMES:
-        assert ops.implementation(op) == f"kernels.cpu.{op}"
+        assert ops.implementation(op) == f"tideflow_kernels.cpu.{op}"
     assert load_cached(arch="cpu") == {}  # nothing built for the portable arch
 
 
@@ -70,7 +70,7 @@ def test_wrong_result_fails_naming_the_op_and_keeps_the_reference(cpu_build):
     assert statuses.pop("moe_experts") == "wrong_result"
     assert set(statuses.values()) == {"verified"}
     assert ops.implementation("moe_experts") == "reference"
-    assert ops.implementation("rms_norm") == "kernels.cpu.rms_norm"
+    assert ops.implementation("rms_norm") == "tideflow_kernels.cpu.rms_norm"
     ops.use_reference()
     # The artifact's latest check of moe_experts failed, so the loader leaves it on the reference.
     assert "moe_experts" not in load_cached(arch="native")

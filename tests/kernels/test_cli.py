@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from kernels.cli import add_commands
+from tideflow_kernels.cli import add_commands
 
 
 def parse(argv):

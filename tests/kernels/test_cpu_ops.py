@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import cases, reference
-from kernels.errors import KernelInputError
+from tideflow_kernels import cases, reference
+from tideflow_kernels.errors import KernelInputError
 
 DTYPES = [torch.float32, torch.bfloat16]
 ids = lambda dt: str(dt).removeprefix("torch.")  # noqa: E731

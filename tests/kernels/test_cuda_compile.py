@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernels.build import build
-from kernels.cuda.library import SIGNATURES, nvcc
-from kernels.loader import load_cached
-from kernels.spec import BuildRequest
+from tideflow_kernels.build import build
+from tideflow_kernels.cuda.library import SIGNATURES, nvcc
+from tideflow_kernels.loader import load_cached
+from tideflow_kernels.spec import BuildRequest
 
 pytestmark = pytest.mark.skipif(nvcc() is None, reason="nvcc not found (PATH, /usr/local/bin, /usr/local/cuda/bin)")
 

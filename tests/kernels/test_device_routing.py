@@ -8,8 +8,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from kernels import ops, reference
-from kernels.errors import KernelInputError
+from tideflow_kernels import ops, reference
+from tideflow_kernels.errors import KernelInputError
 
 
 def test_a_cpu_build_refuses_tensors_of_another_device(cpu_build):
@@ -45,7 +45,7 @@ def test_each_device_type_is_routed_to_its_own_build(cpu_build):
 
     ops.use_compiled("topk_gating", impls["topk_gating"], "cpu")
     ops.use_compiled("topk_gating", cuda_build, "cuda")
-    assert ops.implementation("topk_gating", "cpu") == "kernels.cpu.topk_gating"
+    assert ops.implementation("topk_gating", "cpu") == "tideflow_kernels.cpu.topk_gating"
     assert ops.implementation("topk_gating", "cuda") == __name__
 
     logits = torch.randn(3, 8)
@@ -61,6 +61,6 @@ def test_each_device_type_is_routed_to_its_own_build(cpu_build):
 
     ops.use_reference(device="cuda")
     assert ops.implementation("topk_gating", "cuda") == "reference"
-    assert ops.implementation("topk_gating", "cpu") == "kernels.cpu.topk_gating"
+    assert ops.implementation("topk_gating", "cpu") == "tideflow_kernels.cpu.topk_gating"
     with pytest.raises(ValueError, match="cpu or cuda"):
         ops.use_compiled("topk_gating", cuda_build, "mps")

@@ -9,11 +9,11 @@ import sys
 
 import pytest
 
-from kernels.ops import OP_NAMES
-from kernels.startup import startup_ops
+from tideflow_kernels.ops import OP_NAMES
+from tideflow_kernels.startup import startup_ops
 
 PROBE = ("import logging, sys; logging.basicConfig(level=logging.INFO, stream=sys.stderr); "
-         "from kernels.startup import startup_ops; print(sorted(startup_ops('native', sys.argv[1])))")
+         "from tideflow_kernels.startup import startup_ops; print(sorted(startup_ops('native', sys.argv[1])))")
 
 
 def start(home, mode: str) -> subprocess.Popen:

@@ -1,0 +1,67 @@
+"""The ops the engine calls: per call, the compiled build for its tensors' device when one is loaded, the torch
+reference otherwise."""
+
+from __future__ import annotations
+
+import logging
+from types import ModuleType
+from typing import Callable
+
+from tideflow_kernels import reference
+
+log = logging.getLogger(__name__)
+
+OP_NAMES = ("rms_norm", "rotary_embedding", "topk_gating", "moe_experts", "paged_decode_attention")
+DEVICE_TYPES = ("cpu", "cuda")  # a compiled build serves one of these; any other device gets the reference
+
+# op -> device type -> the compiled function routed for tensors on that device (absent: the torch reference)
+_compiled: dict[str, dict[str, Callable]] = {name: {} for name in OP_NAMES}
+
+
+def use_compiled(name: str, impl: ModuleType | Callable, device: str = "cpu") -> None:
+    """Route op `name`, for tensors on `device` ('cpu' or 'cuda'), to a compiled function (or a module's
+    function of that name). The CPU build and the CUDA build are routed side by side: each call goes to
+    the build of its tensors' device, so a CPU build is never handed CUDA tensors."""
+    if device not in DEVICE_TYPES:
+        raise ValueError(f"compiled ops serve {' or '.join(DEVICE_TYPES)} tensors, not {device!r}")
+    fn = getattr(impl, name) if isinstance(impl, ModuleType) else impl
+    if _compiled[name].get(device) is not fn:  # logged once per switch, not per call
+        log.info("kernels: using compiled %s for %s tensors from %s", name, device, getattr(fn, "__module__", impl))
+    _compiled[name][device] = fn
+
+
+def use_reference(name: str | None = None, device: str | None = None) -> None:
+    """Route one op (or all), for one device type (or all), back to the torch reference."""
+    for n in OP_NAMES if name is None else (name,):
+        for d in DEVICE_TYPES if device is None else (device,):
+            _compiled[n].pop(d, None)
+
+
+def implementation(name: str, device: str = "cpu") -> str:
+    """'reference' or the compiled module's name for tensors on `device`, for logs and tests."""
+    fn = _compiled[name].get(device)
+    return "reference" if fn is None else getattr(fn, "__module__", "compiled")
+
+
+def _for(name: str, tensor) -> Callable:
+    return _compiled[name].get(tensor.device.type) or getattr(reference, name)
+
+
+def rms_norm(x, weight, eps, residual=None):
+    return _for("rms_norm", x)(x, weight, eps, residual)
+
+
+def rotary_embedding(q, k, positions, cos_sin):
+    return _for("rotary_embedding", q)(q, k, positions, cos_sin)
+
+
+def topk_gating(logits, k, renormalize):
+    return _for("topk_gating", logits)(logits, k, renormalize)
+
+
+def moe_experts(x, w13, w2, topk_weights, topk_ids):
+    return _for("moe_experts", x)(x, w13, w2, topk_weights, topk_ids)
+
+
+def paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale):
+    return _for("paged_decode_attention", q)(q, k_cache, v_cache, block_tables, context_lens, scale)
