@@ -16,12 +16,12 @@ from transformers import AutoModelForCausalLM
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import copy_bandwidth_gbs, print_table  # noqa: E402
 
-from tideflow_kernels.loader import load_cached  # noqa: E402
 from engine.default_model import DEFAULT_CONFIG, write_default_model  # noqa: E402
 from engine.generate import GenerationStats, generate  # noqa: E402
 from engine.model import load_model  # noqa: E402
 from engine.sampling import SamplingParams  # noqa: E402
 from harness.gpu_check import hf_decode_rate  # noqa: E402
+from tideflow_kernels.startup import startup_ops  # noqa: E402
 
 
 def main() -> None:
@@ -32,8 +32,8 @@ def main() -> None:
     ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     ap.add_argument("--reference-ops", action="store_true", help="keep the torch reference ops even when a compiled build is cached")
     args = ap.parse_args()
-    compiled = {} if args.reference_ops else load_cached("native")
-    print(f"ops: {', '.join(sorted(compiled)) or 'torch reference'} compiled (build them with `tideflow kernels build`)")
+    compiled = startup_ops("native", "reference" if args.reference_ops else "auto")  # as `serve` starts
+    print(f"ops: {', '.join(sorted(compiled)) or 'torch reference'} compiled")
     torch.manual_seed(0)
     with tempfile.TemporaryDirectory() as tmp:
         path = write_default_model(Path(tmp), DEFAULT_CONFIG.model_copy(update={"dtype": args.dtype}))

@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     manifest = build(BuildRequest(arch="native", bench_iters=2, bench_hidden=512),
                      progress=lambda m: print(f"kernels: {m}", file=sys.stderr))
-    compiled = load_cached(arch=manifest.arch)
+    compiled = load_cached(arch=manifest.arch, key=manifest.cache_key)
     ops.use_reference()
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.dtype}, {manifest.compiler}\n")
     ratios = op_table(compiled, getattr(torch, args.dtype), args.iters)

@@ -17,12 +17,12 @@ import time
 
 import torch
 
-from tideflow_kernels.loader import load_cached
 from engine.default_model import DEFAULT_CONFIG, write_default_model
 from engine.llm_engine import EngineConfig, LLMEngine
 from engine.model.loader import load_model
 from engine.sampling import SamplingParams
 from engine.tokenizer import Tokenizer
+from tideflow_kernels.startup import startup_ops
 
 
 def copy_bandwidth(device: str, nbytes: int = 512 << 20, repeats: int = 5) -> float:
@@ -160,8 +160,8 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="small sizes: a smoke run")
     ap.add_argument("--reference-ops", action="store_true", help="keep the torch reference ops even when a compiled build is cached")
     args = ap.parse_args()
-    compiled = {} if args.reference_ops else load_cached("native")
-    print(f"ops: {', '.join(sorted(compiled)) or 'torch reference'} compiled (build them with `tideflow kernels build`)")
+    compiled = startup_ops("native", "reference" if args.reference_ops else "auto")  # as `serve` starts
+    print(f"ops: {', '.join(sorted(compiled)) or 'torch reference'} compiled")
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.quick:

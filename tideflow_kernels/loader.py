@@ -1,6 +1,7 @@
 """Load compiled ops from the cache without compiling: per op, the newest artifact for this
-arch and torch version whose latest verification passed. The engine calls `load_cached` once
-at start; ops without such a build stay on the torch reference."""
+arch and torch version whose latest verification passed, among the builds of one source tree when a
+cache key is given. The engine calls `load_cached` once at start, with the key of its own sources;
+ops without such a build stay on the torch reference."""
 
 from __future__ import annotations
 
@@ -41,11 +42,16 @@ def newest_verified(manifests: list[BuildManifest]) -> dict[str, BuildManifest]:
     return chosen
 
 
-def load_cached(arch: str = "cpu") -> dict[str, Callable]:
+def load_cached(arch: str = "cpu", key: str | None = None) -> dict[str, Callable]:
     """Route every op with a cached verified build to it (tideflow_kernels.ops.use_compiled), for tensors of the
-    build's device (a CPU arch: CPU tensors; sm_XX: CUDA tensors)."""
+    build's device (a CPU arch: CPU tensors; sm_XX: CUDA tensors). With `key`, only builds of that cache key
+    count: a home also holds builds of other sources (an older release after a rollback, a build tried
+    with other flags), and the newest of those is not the one this code was verified with."""
     backend = backend_of(arch)
-    chosen = newest_verified(cache.read_manifests(backend, arch))
+    manifests = cache.read_manifests(backend, arch)
+    if key is not None:
+        manifests = [m for m in manifests if m.cache_key == key]
+    chosen = newest_verified(manifests)
     loaded: dict[str, Callable] = {}
     for key in {m.cache_key for m in chosen.values()}:
         names = [op for op, m in chosen.items() if m.cache_key == key]
@@ -61,5 +67,6 @@ def load_cached(arch: str = "cpu") -> dict[str, Callable]:
             loaded[name] = fn
     missing = [op for op in ops.OP_NAMES if op not in loaded]
     if missing:
-        log.info("kernels: no verified %s build for %s; using the reference", arch, ", ".join(missing))
+        log.info("kernels: no verified %s build%s for %s; using the reference", arch,
+                 f" of the current sources ({key})" if key else "", ", ".join(missing))
     return loaded

@@ -45,25 +45,25 @@ def startup_ops(arch: str = "native", mode: str | None = None,
     if mode == "reference":
         log.info("kernels: torch reference ops only (--kernels reference)")
         return {}
+    request = BuildRequest(target="all", arch=arch, bench_iters=1)
+    key = cache_key_of(request)  # the build of these sources, never a newer or older one in the same home
     if mode == "auto":
-        _build_once(arch, progress or (lambda msg: log.info("kernels: %s", msg)))
-    loaded = load_cached(arch)
+        _build_once(request, key, progress or (lambda msg: log.info("kernels: %s", msg)))
+    loaded = load_cached(arch, key)
     reference = [op for op in ops.OP_NAMES if op not in loaded]
     log.info("kernels: compiled %s ops: %s%s", arch, ", ".join(sorted(loaded)) or "none",
              f"; torch reference for {', '.join(reference)}" if reference else "")
     return loaded
 
 
-def _build_once(arch: str, say: Callable[[str], None]) -> None:
+def _build_once(request: BuildRequest, key: str, say: Callable[[str], None]) -> None:
     """Build the current sources unless a build of them is cached (a failed one too: it is not retried on
     every start; `tideflow kernels build` retries it)."""
-    request = BuildRequest(target="all", arch=arch, bench_iters=1)
-    backend = backend_of(arch)
-    key = cache_key_of(request)
-    with _lock(backend, arch):
-        if any(m.cache_key == key and m.target == "all" for m in cache.read_manifests(backend, arch)):
+    backend = backend_of(request.arch)
+    with _lock(backend, request.arch):
+        if any(m.cache_key == key and m.target == "all" for m in cache.read_manifests(backend, request.arch)):
             return
-        say(f"no build of the current kernel sources for {arch} yet: compiling and verifying once (cached)")
+        say(f"no build of the current kernel sources for {request.arch} yet: compiling and verifying once (cached)")
         try:
             build(request, progress=say)
         except BuildFailed as exc:  # the ops that failed stay on the reference; the rest are used

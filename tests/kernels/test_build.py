@@ -1,9 +1,11 @@
 """The build pipeline: cache hits, compile failures and wrong results name the op, the engine
-stays on the reference for failed ops, and load_cached picks verified builds."""
+stays on the reference for failed ops, and load_cached picks verified builds (of the engine's own sources
+when it starts)."""
 
 from __future__ import annotations
 
 import shutil
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -12,10 +14,12 @@ from pydantic import ValidationError
 
 from tideflow_kernels import ops, reference
 from tideflow_kernels.build import build
-from tideflow_kernels.cpu.extension import SOURCE_DIR
+from tideflow_kernels.cache import write_manifest
+from tideflow_kernels.cpu.extension import SOURCE_DIR, artifact_path
 from tideflow_kernels.errors import BuildFailed
 from tideflow_kernels.loader import implementations, load_cached
 from tideflow_kernels.spec import BuildManifest, BuildRequest
+from tideflow_kernels.startup import startup_ops
 
 
 def test_first_build_compiles_and_verifies_every_op(cpu_build):
@@ -44,6 +48,25 @@ def test_load_cached_routes_ops_to_the_verified_build(cpu_build):
     for op in ops.OP_NAMES:
         assert ops.implementation(op) == f"tideflow_kernels.cpu.{op}"
     assert load_cached(arch="cpu") == {}  # nothing built for the portable arch
+
+
+def test_starting_loads_the_build_of_its_own_sources_not_a_newer_one_of_other_sources(cpu_build):
+    """A home keeps builds of other sources too (a release rolled back, flags tried). One of those, newer
+    and verified, must not replace the build of the sources this process runs: here it is a library
+    that does not even load, so picking it would leave every op on the reference."""
+    manifest, _ = cpu_build
+    other_key = "f" * len(manifest.cache_key)
+    other_dir = Path(manifest.artifact).parent.with_name(other_key)
+    other_dir.mkdir()
+    try:
+        artifact_path(other_dir, other_key).write_bytes(b"not a shared library")
+        write_manifest(other_dir, manifest.model_copy(update={
+            "cache_key": other_key, "artifact": str(artifact_path(other_dir, other_key)),
+            "created_at": manifest.created_at + timedelta(hours=1)}))
+        assert sorted(startup_ops("native", "cached")) == sorted(ops.OP_NAMES)
+        assert all(ops.implementation(op) == f"tideflow_kernels.cpu.{op}" for op in ops.OP_NAMES)
+    finally:
+        shutil.rmtree(other_dir)
 
 
 def test_broken_source_fails_naming_the_op_with_the_compiler_message(cpu_build, tmp_path):
