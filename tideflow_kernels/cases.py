@@ -80,9 +80,10 @@ def check_cases(op: str, dtype: torch.dtype, device: str) -> list[tuple]:
     if op == "topk_gating":
         return [gating_args(13, 64, 8, *d), gating_args(1, 60, 2, *d, renormalize=False)]
     if op == "moe_experts":
-        # register tiles with ragged edges (odd sizes), and expert groups past the tiled path's limit (at::mm)
+        # register tiles with ragged edges (odd sizes), expert groups past the tiled path's limit (at::mm), and
+        # shapes the AMX tiles take (hidden % 64, inter % 32) with groups of a few tokens and of 16 + a rest
         return [moe_args(13, 257, 96, 8, 2, *d, skip_fraction=0.2), moe_args(37, 128, 64, 4, 2, *d),
-                moe_args(150, 97, 40, 2, 2, *d)]
+                moe_args(150, 97, 40, 2, 2, *d), moe_args(20, 128, 96, 8, 2, *d, skip_fraction=0.2)]
     if op == "paged_decode_attention":
         return [attention_args([1, 37, 100], 8, 2, 128, *d), attention_args([16], 4, 4, 64, *d),
                 attention_args([5, 33], 12, 2, 72, *d)]  # query groups of 6: two register tiles of heads

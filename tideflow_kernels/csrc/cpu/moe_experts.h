@@ -1,11 +1,13 @@
 // MoE experts: counting-sort the (token, slot) pairs by expert, then per expert group run the
 // SwiGLU MLP and scatter the weighted result into an fp32 accumulator. Groups up to
 // fused_group_max<T>() tokens (decode, small prefills) use register-tiled dot products that stream each
-// weight row once for the whole group; larger groups (prefill) call at::mm on the gathered rows.
+// weight row once for the whole group; larger groups (prefill) call at::mm on the gathered rows. On a
+// host with AMX, bf16 groups of the sizes amx_takes() run on AMX tiles instead (expert_amx).
 #pragma once
 #include <type_traits>
 #include <vector>
 
+#include "amx_tiles.h"
 #include "common.h"
 #include "tile_dot.h"
 
@@ -13,8 +15,9 @@ namespace tideflow {
 
 // Where at::mm on gathered rows overtakes the tiled loops, per dtype. Without AMX the tiled loops win
 // up to ~96 tokens per expert in both dtypes (2-core AVX512-BF16 host). With AMX, at::mm runs bf16 on
-// oneDNN's AMX brgemm: builds with this limit at 2, 4, 8, 16 and off, timed on 1-512 tokens routed top-2
-// of 8 experts (hidden 512, 2-core AMX host), put the crossover at 10-16 tokens per expert: 12.
+// oneDNN's AMX brgemm, for the shapes the AMX tiles below do not take: builds with this limit at 2, 4,
+// 8, 16 and off, timed on 1-512 tokens routed top-2 of 8 experts (hidden 512, 2-core AMX host), put
+// the crossover at 10-16 tokens per expert: 12.
 #ifndef TIDEFLOW_AMX_BF16_GROUP_MIN
 #define TIDEFLOW_AMX_BF16_GROUP_MIN 12
 #endif
@@ -70,6 +73,70 @@ void expert_fused(const T* x, const T* w13, const T* w2, const int64_t* toks, co
     }
   }
 }
+
+#if defined(__AMX_BF16__) && defined(__AMX_TILE__)
+// Which bf16 groups the AMX tiles take, in tokens per expert. Timed on one MoE call with every token
+// routed to the same 2 experts (hidden 512, inter 1024, 2-core AMX host): the tiles take ~190 us for
+// 1 to 12 tokens (streaming the weights bounds them), the dot-product loops 156 us at 1 token, 194 at
+// 2, 233 at 3 and 454 at 8; at::mm (oneDNN's AMX brgemm) takes 957 us at 32 tokens against the tiles'
+// 459, 1851 against 1544 at 128, and draws level at 256.
+#ifndef TIDEFLOW_AMX_TILE_MIN
+#define TIDEFLOW_AMX_TILE_MIN 3
+#endif
+#ifndef TIDEFLOW_AMX_MM_MIN
+#define TIDEFLOW_AMX_MM_MIN 256
+#endif
+inline bool amx_takes(int64_t n) { return n >= TIDEFLOW_AMX_TILE_MIN && n < TIDEFLOW_AMX_MM_MIN; }
+
+// The tile loops' shapes: both products' K a multiple of 32, w13's gate and up rows in blocks of 32,
+// w2's rows in blocks of 64.
+inline bool amx_fits(int64_t hidden, int64_t inter) {
+  return hidden % 64 == 0 && inter % 32 == 0 && amx::available();
+}
+
+// One bf16 expert on AMX tiles, 16 tokens at a time: act = silu(x W_gate^T) * (x W_up^T), rounded to
+// bf16 as the reference does and written straight into the packed (B) layout of the second product,
+// then out += w * act W2^T. Threads split the weight rows, as in expert_fused.
+inline void expert_amx(const uint16_t* x, const uint16_t* w13, const uint16_t* w2, const int64_t* toks,
+                       const float* gate_w, int64_t n, int64_t hidden, int64_t inter, float* out) {
+  std::vector<uint32_t> x_packed(hidden / 2 * amx::kMaxTokens), act_packed(inter / 2 * amx::kMaxTokens);
+  uint16_t* act = reinterpret_cast<uint16_t*>(act_packed.data());
+  for (int64_t t0 = 0; t0 < n; t0 += amx::kMaxTokens) {
+    const int nt = int(std::min<int64_t>(amx::kMaxTokens, n - t0));
+    const uint16_t* rows[amx::kMaxTokens];
+    for (int t = 0; t < nt; ++t) rows[t] = x + toks[t0 + t] * hidden;
+    amx::pack_tokens(rows, nt, hidden, x_packed.data());
+#pragma omp parallel if (nt * hidden * inter >= kParallelGrain)
+    {
+      amx::configure(nt);
+      float c[4 * amx::kTileRows * amx::kMaxTokens];
+#pragma omp for schedule(static)
+      for (int64_t j = 0; j < inter; j += 32) {  // gate rows j..j+31 -> c[0..31], up rows -> c[32..63]
+        const uint16_t* blocks[4] = {w13 + j * hidden, w13 + (j + 16) * hidden, w13 + (inter + j) * hidden,
+                                     w13 + (inter + j + 16) * hidden};
+        amx::rows_by_tokens<4>(blocks, hidden, x_packed.data(), nt, hidden, c);
+        for (int i = 0; i < 32; ++i) {
+          const int64_t r = j + i;
+          for (int t = 0; t < nt; ++t)
+            act[((r >> 1) * nt + t) * 2 + (r & 1)] = from_f<uint16_t>(silu(c[i * nt + t]) * c[(32 + i) * nt + t]);
+        }
+      }  // the loop's barrier: every row of act is written before any thread reads it below
+#pragma omp for schedule(static)
+      for (int64_t h = 0; h < hidden; h += 64) {
+        const uint16_t* blocks[4] = {w2 + h * inter, w2 + (h + 16) * inter, w2 + (h + 32) * inter,
+                                     w2 + (h + 48) * inter};
+        amx::rows_by_tokens<4>(blocks, inter, act_packed.data(), nt, inter, c);
+        for (int t = 0; t < nt; ++t) {
+          float* o = out + toks[t0 + t] * hidden + h;
+          const float g = gate_w[t0 + t];
+          for (int i = 0; i < 64; ++i) o[i] += g * c[i * nt + t];
+        }
+      }
+      amx::release();
+    }
+  }
+}
+#endif
 
 // One expert, large group: gathered rows through at::mm in the input dtype (as the reference).
 template <typename T>
@@ -147,6 +214,15 @@ inline at::Tensor moe_experts(const at::Tensor& x_in, const at::Tensor& w13_in,
       const int64_t n = offsets[e + 1] - offsets[e];
       if (n == 0) continue;
       const int64_t s = offsets[e];
+#if defined(__AMX_BF16__) && defined(__AMX_TILE__)
+      if constexpr (std::is_same_v<T, uint16_t>) {
+        if (amx_takes(n) && amx_fits(hidden, inter)) {
+          expert_amx(cptr<T>(x), cptr<T>(w13) + e * 2 * inter * hidden, cptr<T>(w2) + e * hidden * inter,
+                     sorted_tok.data() + s, sorted_w.data() + s, n, hidden, inter, out);
+          continue;
+        }
+      }
+#endif
       if (n <= fused_group_max<T>()) {
         expert_fused<T>(cptr<T>(x), cptr<T>(w13) + e * 2 * inter * hidden,
                            cptr<T>(w2) + e * hidden * inter, sorted_tok.data() + s,
