@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from prefect import flow
 
-from tideflow_kernels.spec import BuildManifest, BuildRequest
 from tasks.kernels import compile_kernels
+from tideflow_kernels.spec import BuildManifest, BuildRequest
 
 
 @flow(name="build_kernels", log_prints=True)
