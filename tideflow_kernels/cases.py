@@ -85,8 +85,10 @@ def check_cases(op: str, dtype: torch.dtype, device: str) -> list[tuple]:
         return [moe_args(13, 257, 96, 8, 2, *d, skip_fraction=0.2), moe_args(37, 128, 64, 4, 2, *d),
                 moe_args(150, 97, 40, 2, 2, *d), moe_args(20, 128, 96, 8, 2, *d, skip_fraction=0.2)]
     if op == "paged_decode_attention":
+        # query groups of 4, 1, 6 (two register tiles of heads) and 3, over head sizes with and without
+        # the register-held value sums (64 and 128; 72)
         return [attention_args([1, 37, 100], 8, 2, 128, *d), attention_args([16], 4, 4, 64, *d),
-                attention_args([5, 33], 12, 2, 72, *d)]  # query groups of 6: two register tiles of heads
+                attention_args([5, 33], 12, 2, 72, *d), attention_args([7, 40], 6, 2, 64, *d)]
     raise KeyError(op)
 
 

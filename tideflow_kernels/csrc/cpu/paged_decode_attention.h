@@ -1,7 +1,8 @@
 // Decode attention over a paged KV cache: one task per (sequence, kv head) handles that head's
 // whole query group, so each K/V row is read once for all grouped-query heads. Scores come from the
-// register-tiled dot products (4 cache rows against up to 4 query heads at once), and the cache is
-// walked block by block, so no position needs a division to find its block.
+// register-tiled dot products (4 cache rows against up to 4 query heads at once), the weighted sum of
+// the values from sums held in registers (head sizes 64 and 128), and the cache is walked block by
+// block, so no position needs a division to find its block.
 #pragma once
 #include <limits>
 #include <vector>
@@ -10,6 +11,57 @@
 #include "tile_dot.h"
 
 namespace tideflow {
+
+#if defined(__AVX512F__)
+inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 load16(const uint16_t* p) {  // 16 bf16 -> fp32: the bits move to the upper half
+  return _mm512_castsi512_ps(
+      _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
+}
+
+// acc[g * dim + d] = sum_p w[g * len + p] * v_p[d] for NG query heads of one (sequence, kv head), with
+// dim = 16 * DV: the sums stay in NG x DV registers over the whole context, so each value row is loaded
+// once per NG heads and no partial sum goes through memory.
+template <int DV, int NG, typename T, typename I>
+inline void weighted_values_n(const T* vc, const I* table, int64_t len, int64_t block_size, int64_t row_stride,
+                              const float* w, float* acc) {
+  __m512 a[NG][DV];
+  for (int g = 0; g < NG; ++g)
+    for (int d = 0; d < DV; ++d) a[g][d] = _mm512_setzero_ps();
+  for (int64_t p0 = 0; p0 < len; p0 += block_size) {
+    const T* block = vc + int64_t(table[p0 / block_size]) * block_size * row_stride;
+    const int64_t n = std::min(block_size, len - p0);
+    for (int64_t i = 0; i < n; ++i) {
+      const T* vr = block + i * row_stride;
+      __m512 v[DV];
+      for (int d = 0; d < DV; ++d) v[d] = load16(vr + 16 * d);
+      for (int g = 0; g < NG; ++g) {
+        const __m512 wg = _mm512_set1_ps(w[g * len + p0 + i]);
+        for (int d = 0; d < DV; ++d) a[g][d] = _mm512_fmadd_ps(wg, v[d], a[g][d]);
+      }
+    }
+  }
+  for (int g = 0; g < NG; ++g)
+    for (int d = 0; d < DV; ++d) _mm512_storeu_ps(acc + (g * DV + d) * 16, a[g][d]);
+}
+
+// All `group` heads, in chunks of as many as 16 accumulator registers hold (4 heads of 64, 2 of 128).
+template <int DV, typename T, typename I>
+inline void weighted_values(const T* vc, const I* table, int64_t len, int64_t block_size, int64_t row_stride,
+                            const float* w, int64_t group, float* acc) {
+  constexpr int kChunk = DV >= 8 ? 2 : 4;
+  for (int64_t g0 = 0; g0 < group; g0 += kChunk) {
+    const float* wg = w + g0 * len;
+    float* ag = acc + g0 * DV * 16;
+    switch (std::min<int64_t>(kChunk, group - g0)) {
+      case 1: weighted_values_n<DV, 1>(vc, table, len, block_size, row_stride, wg, ag); break;
+      case 2: weighted_values_n<DV, 2>(vc, table, len, block_size, row_stride, wg, ag); break;
+      case 3: weighted_values_n<DV, (kChunk >= 3 ? 3 : 1)>(vc, table, len, block_size, row_stride, wg, ag); break;
+      default: weighted_values_n<DV, kChunk>(vc, table, len, block_size, row_stride, wg, ag); break;
+    }
+  }
+}
+#endif
 
 template <typename T, typename I>
 void paged_attention_rows(const T* q, const T* kc, const T* vc, const I* tables, const I* lens,
@@ -57,17 +109,26 @@ void paged_attention_rows(const T* q, const T* kc, const T* vc, const I* tables,
           }
           denom[g] = sum;
         }
-        std::fill(acc.begin(), acc.end(), 0.f);
-        for (int64_t p0 = 0; p0 < len; p0 += block_size) {
-          const T* block = vc + int64_t(table[p0 / block_size]) * block_size * row_stride + h * dim;
-          const int64_t n = std::min(block_size, len - p0);
-          for (int64_t i = 0; i < n; ++i) {
-            const T* vr = block + i * row_stride;
-            for (int64_t g = 0; g < group; ++g) {
-              const float w = scores[g * len + p0 + i];
-              float* a = acc.data() + g * dim;
+#if defined(__AVX512F__)
+        if (dim == 64 || dim == 128) {
+          const T* vh = vc + h * dim;
+          if (dim == 64) weighted_values<4>(vh, table, len, block_size, row_stride, scores.data(), group, acc.data());
+          else weighted_values<8>(vh, table, len, block_size, row_stride, scores.data(), group, acc.data());
+        } else
+#endif
+        {
+          std::fill(acc.begin(), acc.end(), 0.f);
+          for (int64_t p0 = 0; p0 < len; p0 += block_size) {
+            const T* block = vc + int64_t(table[p0 / block_size]) * block_size * row_stride + h * dim;
+            const int64_t n = std::min(block_size, len - p0);
+            for (int64_t i = 0; i < n; ++i) {
+              const T* vr = block + i * row_stride;
+              for (int64_t g = 0; g < group; ++g) {
+                const float w = scores[g * len + p0 + i];
+                float* a = acc.data() + g * dim;
 #pragma omp simd
-              for (int64_t d = 0; d < dim; ++d) a[d] += w * to_f(vr[d]);
+                for (int64_t d = 0; d < dim; ++d) a[d] += w * to_f(vr[d]);
+              }
             }
           }
         }
