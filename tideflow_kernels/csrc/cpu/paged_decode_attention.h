@@ -12,6 +12,18 @@
 
 namespace tideflow {
 
+// Asks for the rows of one cache block (one kv head) ahead of their use. At decode the cache is cold:
+// the whole model streamed through the caches since the last step, and a block is 4-8 KB somewhere in
+// a large cache, so without this each row waits on memory in turn. 32 sequences x 160 positions, 8/2
+// heads, bf16, after streaming 400 MB: 793-848 us without, 594-648 us with; 211-331 us cache-hot.
+template <typename T>
+inline void prefetch_block(const T* rows, int64_t n, int64_t row_stride, int64_t dim) {
+  const int64_t bytes = dim * int64_t(sizeof(T));
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t off = 0; off < bytes; off += 64)
+      __builtin_prefetch(reinterpret_cast<const char*>(rows + i * row_stride) + off, 0, 3);
+}
+
 #if defined(__AVX512F__)
 inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
 inline __m512 load16(const uint16_t* p) {  // 16 bf16 -> fp32: the bits move to the upper half
@@ -84,6 +96,10 @@ void paged_attention_rows(const T* q, const T* kc, const T* vc, const I* tables,
         for (int64_t p0 = 0; p0 < len; p0 += block_size) {
           const T* block = kc + int64_t(table[p0 / block_size]) * block_size * row_stride + h * dim;
           const int64_t n = std::min(block_size, len - p0);
+          if (p0 + block_size < len)  // the next block's keys, and this block's values for the weighted sum
+            prefetch_block(kc + int64_t(table[p0 / block_size + 1]) * block_size * row_stride + h * dim,
+                           std::min(block_size, len - p0 - block_size), row_stride, dim);
+          prefetch_block(vc + int64_t(table[p0 / block_size]) * block_size * row_stride + h * dim, n, row_stride, dim);
           for (int64_t i = 0; i < n; i += 4) {
             const T* rows[4];
             for (int r = 0; r < 4; ++r) rows[r] = block + std::min(i + r, n - 1) * row_stride;
