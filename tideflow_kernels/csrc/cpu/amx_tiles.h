@@ -51,11 +51,13 @@ inline void configure(int n) {
 
 inline void release() { _tile_release(); }
 
-// tokens [n, K] bf16 rows (given by pointers) -> packed [K/2, n] pairs, the B operand. K % 32 == 0.
-inline void pack_tokens(const uint16_t* const* rows, int n, int64_t K, uint32_t* packed) {
-  for (int t = 0; t < n; ++t) {
-    const uint32_t* r = reinterpret_cast<const uint32_t*>(rows[t]);
-    for (int64_t p = 0; p < K / 2; ++p) packed[p * n + t] = r[p];
+// tokens [n, K] bf16 rows (given by pointers) -> packed [K/2, width] pairs, the B operand of `width`
+// columns, those past n zero. K % 32 == 0.
+inline void pack_tokens(const uint16_t* const* rows, int n, int width, int64_t K, uint32_t* packed) {
+  for (int64_t p = 0; p < K / 2; ++p) {
+    uint32_t* dst = packed + p * width;
+    for (int t = 0; t < n; ++t) dst[t] = reinterpret_cast<const uint32_t*>(rows[t])[p];
+    for (int t = n; t < width; ++t) dst[t] = 0;
   }
 }
 

@@ -76,17 +76,14 @@ void expert_fused(const T* x, const T* w13, const T* w2, const int64_t* toks, co
 
 #if defined(__AMX_BF16__) && defined(__AMX_TILE__)
 // Which bf16 groups the AMX tiles take, in tokens per expert. Timed on one MoE call with every token
-// routed to the same 2 experts (hidden 512, inter 1024, 2-core AMX host): the tiles take ~190 us for
-// 1 to 12 tokens (streaming the weights bounds them), the dot-product loops 156 us at 1 token, 194 at
-// 2, 233 at 3 and 454 at 8; at::mm (oneDNN's AMX brgemm) takes 957 us at 32 tokens against the tiles'
-// 459, 1851 against 1544 at 128, and draws level at 256.
+// routed to the same 2 experts (hidden 512, inter 1024, 2-core AMX host): the dot-product loops take
+// 133 us at 1 token, 230 at 2, 281 at 3 and 475 at 8; the tiles ~236 us from 3 to 16 tokens (streaming
+// the weights bounds them); at::mm (oneDNN's AMX brgemm) takes 972 us at 32 tokens against the tiles'
+// 342, 2020 against 922 at 128 and 11062 against 6724 at 1024, so the tiles take every group from 3.
 #ifndef TIDEFLOW_AMX_TILE_MIN
 #define TIDEFLOW_AMX_TILE_MIN 3
 #endif
-#ifndef TIDEFLOW_AMX_MM_MIN
-#define TIDEFLOW_AMX_MM_MIN 256
-#endif
-inline bool amx_takes(int64_t n) { return n >= TIDEFLOW_AMX_TILE_MIN && n < TIDEFLOW_AMX_MM_MIN; }
+inline bool amx_takes(int64_t n) { return n >= TIDEFLOW_AMX_TILE_MIN; }
 
 // The tile loops' shapes: both products' K a multiple of 32, w13's gate and up rows in blocks of 32,
 // w2's rows in blocks of 64.
@@ -94,42 +91,77 @@ inline bool amx_fits(int64_t hidden, int64_t inter) {
   return hidden % 64 == 0 && inter % 32 == 0 && amx::available();
 }
 
-// One bf16 expert on AMX tiles, 16 tokens at a time: act = silu(x W_gate^T) * (x W_up^T), rounded to
-// bf16 as the reference does and written straight into the packed (B) layout of the second product,
-// then out += w * act W2^T. Threads split the weight rows, as in expert_fused.
+// exp for 16 lanes (the polynomial of vexp), for the SwiGLU of the tile path.
+inline __m512 vexp16(__m512 x) {
+  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.3f)), _mm512_set1_ps(88.3f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 q = _mm512_set1_ps(1.9875691500e-4f);
+  q = _mm512_fmadd_ps(q, r, _mm512_set1_ps(1.3981999507e-3f));
+  q = _mm512_fmadd_ps(q, r, _mm512_set1_ps(8.3334519073e-3f));
+  q = _mm512_fmadd_ps(q, r, _mm512_set1_ps(4.1665795894e-2f));
+  q = _mm512_fmadd_ps(q, r, _mm512_set1_ps(1.6666665459e-1f));
+  q = _mm512_fmadd_ps(q, r, _mm512_set1_ps(5.0000001201e-1f));
+  q = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(q, r), r, r), _mm512_set1_ps(1.f));
+  return _mm512_scalef_ps(q, n);
+}
+
+// silu(g) * u for 16 tokens, rounded to bf16 (nearest even, as the reference rounds).
+inline __m512i swiglu_bf16(const float* g, const float* u) {
+  const __m512 gv = _mm512_loadu_ps(g);
+  const __m512 a = _mm512_mul_ps(_mm512_div_ps(gv, _mm512_add_ps(_mm512_set1_ps(1.f), vexp16(_mm512_sub_ps(
+                                     _mm512_setzero_ps(), gv)))), _mm512_loadu_ps(u));
+  return _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(a));
+}
+
+// One bf16 expert on AMX tiles, 16 tokens at a time (the last chunk padded with zero tokens: a tile
+// product costs the same for 16 columns as for 3, and the epilogues then work on whole vectors).
+// act = silu(x W_gate^T) * (x W_up^T), rounded to bf16 as the reference does and written straight
+// into the packed (B) layout of the second product, then out += w * act W2^T. Threads split the
+// weight rows, as in expert_fused.
 inline void expert_amx(const uint16_t* x, const uint16_t* w13, const uint16_t* w2, const int64_t* toks,
                        const float* gate_w, int64_t n, int64_t hidden, int64_t inter, float* out) {
-  std::vector<uint32_t> x_packed(hidden / 2 * amx::kMaxTokens), act_packed(inter / 2 * amx::kMaxTokens);
-  uint16_t* act = reinterpret_cast<uint16_t*>(act_packed.data());
-  for (int64_t t0 = 0; t0 < n; t0 += amx::kMaxTokens) {
-    const int nt = int(std::min<int64_t>(amx::kMaxTokens, n - t0));
-    const uint16_t* rows[amx::kMaxTokens];
+  constexpr int kCols = amx::kMaxTokens;
+  std::vector<uint32_t> x_packed(hidden / 2 * kCols), act_packed(inter / 2 * kCols);
+  for (int64_t t0 = 0; t0 < n; t0 += kCols) {
+    const int nt = int(std::min<int64_t>(kCols, n - t0));
+    const uint16_t* rows[kCols];
     for (int t = 0; t < nt; ++t) rows[t] = x + toks[t0 + t] * hidden;
-    amx::pack_tokens(rows, nt, hidden, x_packed.data());
+    amx::pack_tokens(rows, nt, kCols, hidden, x_packed.data());
+    alignas(64) float weight[kCols] = {};  // the routing weights of the chunk's tokens, 0 for padding
+    for (int t = 0; t < nt; ++t) weight[t] = gate_w[t0 + t];
 #pragma omp parallel if (nt * hidden * inter >= kParallelGrain)
     {
-      amx::configure(nt);
-      float c[4 * amx::kTileRows * amx::kMaxTokens];
+      amx::configure(kCols);
+      alignas(64) float c[4 * amx::kTileRows * kCols];
 #pragma omp for schedule(static)
       for (int64_t j = 0; j < inter; j += 32) {  // gate rows j..j+31 -> c[0..31], up rows -> c[32..63]
         const uint16_t* blocks[4] = {w13 + j * hidden, w13 + (j + 16) * hidden, w13 + (inter + j) * hidden,
                                      w13 + (inter + j + 16) * hidden};
-        amx::rows_by_tokens<4>(blocks, hidden, x_packed.data(), nt, hidden, c);
-        for (int i = 0; i < 32; ++i) {
-          const int64_t r = j + i;
-          for (int t = 0; t < nt; ++t)
-            act[((r >> 1) * nt + t) * 2 + (r & 1)] = from_f<uint16_t>(silu(c[i * nt + t]) * c[(32 + i) * nt + t]);
+        amx::rows_by_tokens<4>(blocks, hidden, x_packed.data(), kCols, hidden, c);
+        uint32_t* act = act_packed.data() + (j / 2) * kCols;  // rows j+2m, j+2m+1: pair j/2+m of each token
+        for (int m = 0; m < 16; ++m) {
+          const __m512i lo = swiglu_bf16(c + 2 * m * kCols, c + (32 + 2 * m) * kCols);
+          const __m512i hi = swiglu_bf16(c + (2 * m + 1) * kCols, c + (33 + 2 * m) * kCols);
+          _mm512_storeu_si512(act + m * kCols, _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
         }
       }  // the loop's barrier: every row of act is written before any thread reads it below
 #pragma omp for schedule(static)
       for (int64_t h = 0; h < hidden; h += 64) {
         const uint16_t* blocks[4] = {w2 + h * inter, w2 + (h + 16) * inter, w2 + (h + 32) * inter,
                                      w2 + (h + 48) * inter};
-        amx::rows_by_tokens<4>(blocks, inter, act_packed.data(), nt, inter, c);
-        for (int t = 0; t < nt; ++t) {
+        amx::rows_by_tokens<4>(blocks, inter, act_packed.data(), kCols, inter, c);
+        const __m512i column = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                                  _mm512_set1_epi32(kCols));
+        for (int t = 0; t < nt; ++t) {  // token t's 64 outputs: column t of c, 16 rows per gather
           float* o = out + toks[t0 + t] * hidden + h;
-          const float g = gate_w[t0 + t];
-          for (int i = 0; i < 64; ++i) o[i] += g * c[i * nt + t];
+          const __m512 w = _mm512_set1_ps(weight[t]);
+          for (int q = 0; q < 4; ++q) {
+            const __m512 y = _mm512_i32gather_ps(column, c + q * 16 * kCols + t, 4);
+            _mm512_storeu_ps(o + 16 * q, _mm512_fmadd_ps(w, y, _mm512_loadu_ps(o + 16 * q)));
+          }
         }
       }
       amx::release();
