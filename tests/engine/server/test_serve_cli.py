@@ -1,14 +1,17 @@
-"""`tideflow serve` as a real subprocess: flags, env API keys, the openai client, clean shutdown."""
+"""`tideflow serve` as a real subprocess: flags, env API keys, the openai client, clean shutdown, and the exit
+of a member whose engine thread died."""
 
 from __future__ import annotations
 
 import argparse
 import signal
+import sys
 
 import httpx
 import openai
 import pytest
 
+from engine.errors import EXIT_ENGINE_FAILED
 from engine.process import Child, free_port, tideflow_argv, wait_http_ok
 from engine.serve_cli import add_commands, engine_config
 
@@ -55,3 +58,39 @@ def test_flags_build_the_engine_config():
     assert args.host == "127.0.0.1" and args.func.__name__ == "serve"
     with pytest.raises(SystemExit):
         parser.parse_args(["serve", "--model", "m", "--kv-cache-bytes", "1", "--kv-cache-fraction", "0.1"])
+
+
+# `serve` with one bookkeeping step of the engine loop broken once a trigger file exists: how a bug outside
+# the model step (where a failure fails only its batch) ends the engine thread of a running member.
+BROKEN_AFTER_TRIGGER = """
+import os, sys
+from engine import llm_engine
+from engine.main import main
+observe = llm_engine.LLMEngine._observe
+def observe_until_triggered(self, plan):
+    if os.path.exists(os.environ["BREAK_ENGINE_WHEN"]):
+        raise RuntimeError("bookkeeping bug")
+    return observe(self, plan)
+llm_engine.LLMEngine._observe = observe_until_triggered
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_a_member_whose_engine_thread_died_fails_the_request_and_exits(tiny_model_dir, tmp_path):
+    port, trigger = free_port(), tmp_path / "break-now"
+    argv = [sys.executable, "-c", BROKEN_AFTER_TRIGGER, "serve", "--model", str(tiny_model_dir), "--port", str(port),
+            "--kv-cache-bytes", str(8 << 20), "--max-wait-ms", "1"]
+    child = Child("serve-broken", argv, tmp_path / "serve.log", {"TIDEFLOW_API_KEYS": "k", "BREAK_ENGINE_WHEN": str(trigger)})
+    url = f"http://127.0.0.1:{port}"
+    try:
+        assert wait_http_ok(url + "/ready", 90, child, {"Authorization": "Bearer k"}), child.log_tail()
+        client = openai.OpenAI(base_url=url + "/v1", api_key="k", max_retries=0, timeout=60)
+        model = client.models.list().data[0].id
+        assert client.completions.create(model=model, prompt="hello", max_tokens=4, temperature=0).usage.completion_tokens
+        trigger.touch()
+        with pytest.raises(openai.APIError):  # an error answer, or the connection closed by the exit
+            client.completions.create(model=model, prompt="hello again", max_tokens=16, temperature=0)
+        assert child.proc.wait(timeout=30) == EXIT_ENGINE_FAILED  # the group manager sees a dead member
+        assert "bookkeeping bug" in child.log_path.read_text()
+    finally:
+        child.stop()
