@@ -21,7 +21,7 @@ namespace tideflow::amx {
 
 constexpr int kTileRows = 16;  // weight rows per tile
 constexpr int kTileK = 32;     // bf16 per tile row (64 bytes)
-constexpr int kMaxTokens = 16; // tokens per B tile (16 columns of 4 bytes)
+constexpr int kTokens = 16;    // tokens per B tile (16 columns of 4 bytes); fewer are padded with zeros
 
 inline bool available() {
   static const bool granted = [] {
@@ -39,61 +39,52 @@ struct alignas(64) TileConfig {
   uint8_t rows[16] = {};
 };
 
-// Tiles 0-3 accumulate C (16 rows x n tokens fp32), 4 and 5 take weight rows in turn, 6 the tokens.
-inline void configure(int n) {
+// Tiles 0-3 accumulate C (16 rows x 16 tokens fp32), 4 and 5 take weight rows in turn, 6 the tokens.
+inline void configure() {
   TileConfig cfg;
   for (int t = 0; t < 7; ++t) {
     cfg.rows[t] = kTileRows;
-    cfg.colsb[t] = uint16_t(t == 4 || t == 5 ? kTileK * 2 : n * 4);
+    cfg.colsb[t] = uint16_t(t == 4 || t == 5 ? kTileK * 2 : kTokens * 4);
   }
   _tile_loadconfig(&cfg);
 }
 
 inline void release() { _tile_release(); }
 
-// tokens [n, K] bf16 rows (given by pointers) -> packed [K/2, width] pairs, the B operand of `width`
-// columns, those past n zero. K % 32 == 0.
-inline void pack_tokens(const uint16_t* const* rows, int n, int width, int64_t K, uint32_t* packed) {
+// n <= kTokens token rows [K] bf16 (given by pointers) -> packed [K/2, kTokens] pairs, the B operand;
+// columns past n are zero. K % 32 == 0.
+inline void pack_tokens(const uint16_t* const* rows, int n, int64_t K, uint32_t* packed) {
   for (int64_t p = 0; p < K / 2; ++p) {
-    uint32_t* dst = packed + p * width;
+    uint32_t* dst = packed + p * kTokens;
     for (int t = 0; t < n; ++t) dst[t] = reinterpret_cast<const uint32_t*>(rows[t])[p];
-    for (int t = n; t < width; ++t) dst[t] = 0;
+    for (int t = n; t < kTokens; ++t) dst[t] = 0;
   }
 }
 
-// c[b*16 + i][t] = dot(block_b row i, token t) for NB blocks of 16 weight rows (row stride ld
-// elements), against the packed tokens; c is [NB*16, n] fp32. Needs configure(n) on this thread.
-template <int NB>
-inline void rows_by_tokens(const uint16_t* const (&blocks)[NB], int64_t ld, const uint32_t* packed, int n,
-                           int64_t K, float* c) {
-  static_assert(NB >= 1 && NB <= 4, "four accumulator tiles");
+// c[b*16 + i][t] = dot(row i of block b, token t) for 4 blocks of 16 weight rows (row stride ld
+// elements) against the packed tokens; c is [64, kTokens] fp32. Needs configure() on this thread.
+inline void rows_by_tokens(const uint16_t* const (&blocks)[4], int64_t ld, const uint32_t* packed, int64_t K,
+                           float* c) {
   _tile_zero(0);
-  if constexpr (NB > 1) _tile_zero(1);
-  if constexpr (NB > 2) _tile_zero(2);
-  if constexpr (NB > 3) _tile_zero(3);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
   const int64_t stride = ld * 2;
   for (int64_t k = 0; k < K; k += kTileK) {
-    _tile_loadd(6, packed + (k / 2) * n, n * 4);
+    _tile_loadd(6, packed + (k / 2) * kTokens, kTokens * 4);
     _tile_loadd(4, blocks[0] + k, stride);
     _tile_dpbf16ps(0, 4, 6);
-    if constexpr (NB > 1) {
-      _tile_loadd(5, blocks[1] + k, stride);
-      _tile_dpbf16ps(1, 5, 6);
-    }
-    if constexpr (NB > 2) {
-      _tile_loadd(4, blocks[2] + k, stride);
-      _tile_dpbf16ps(2, 4, 6);
-    }
-    if constexpr (NB > 3) {
-      _tile_loadd(5, blocks[3] + k, stride);
-      _tile_dpbf16ps(3, 5, 6);
-    }
+    _tile_loadd(5, blocks[1] + k, stride);
+    _tile_dpbf16ps(1, 5, 6);
+    _tile_loadd(4, blocks[2] + k, stride);
+    _tile_dpbf16ps(2, 4, 6);
+    _tile_loadd(5, blocks[3] + k, stride);
+    _tile_dpbf16ps(3, 5, 6);
   }
-  const int64_t cs = int64_t(n) * 4;
-  _tile_stored(0, c, cs);
-  if constexpr (NB > 1) _tile_stored(1, c + 16 * n, cs);
-  if constexpr (NB > 2) _tile_stored(2, c + 32 * n, cs);
-  if constexpr (NB > 3) _tile_stored(3, c + 48 * n, cs);
+  _tile_stored(0, c, kTokens * 4);
+  _tile_stored(1, c + 16 * kTokens, kTokens * 4);
+  _tile_stored(2, c + 32 * kTokens, kTokens * 4);
+  _tile_stored(3, c + 48 * kTokens, kTokens * 4);
 }
 
 }  // namespace tideflow::amx

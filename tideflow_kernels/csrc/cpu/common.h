@@ -3,6 +3,9 @@
 #pragma once
 #include <ATen/ATen.h>
 #include <omp.h>
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 #include <algorithm>
 #include <cmath>
@@ -51,24 +54,41 @@ inline T* mptr(at::Tensor& t) { return static_cast<T*>(t.data_ptr()); }
 // barrier can wait a whole timeslice for a descheduled thread).
 constexpr int64_t kParallelGrain = 65536;
 
-// expf that vectorises inside `omp simd` loops (Cephes polynomial, ~2 ulp); inputs below
-// -87 give ~1e-38 instead of 0, which is harmless for softmax weights.
+// exp(x) = 2^n * (1 + r + r^2 p(r)) with n = round(x / ln 2) and r = x - n ln 2 (ln 2 split in two
+// parts for precision): Cephes' polynomial, ~2 ulp. Inputs below -87 give ~1e-38 instead of 0, which
+// is harmless for softmax weights and SiLU.
+constexpr float kExpMin = -87.3f, kExpMax = 88.3f, kLog2e = 1.44269504088896341f;
+constexpr float kLn2Hi = 0.693359375f, kLn2Lo = -2.12194440e-4f;
+constexpr float kExpPoly[6] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f,
+                               4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f};
+
+// The scalar form, which vectorises inside `omp simd` loops.
 inline float vexp(float x) {
-  x = std::min(std::max(x, -87.3f), 88.3f);
-  const float n = std::floor(x * 1.44269504088896341f + 0.5f);
-  const float r = x - n * 0.693359375f + n * 2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
+  x = std::min(std::max(x, kExpMin), kExpMax);
+  const float n = std::floor(x * kLog2e + 0.5f);
+  const float r = x - n * kLn2Hi - n * kLn2Lo;
+  float p = kExpPoly[0];
+  for (int i = 1; i < 6; ++i) p = p * r + kExpPoly[i];
   p = p * r * r + r + 1.f;
   const int32_t bits = (int32_t(n) + 127) << 23;
   float scale;
   std::memcpy(&scale, &bits, sizeof(scale));
   return p * scale;
 }
+
+#if defined(__AVX512F__)
+// The same for 16 lanes, where the loop around it is written with intrinsics.
+inline __m512 vexp16(__m512 x) {
+  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(kExpMin)), _mm512_set1_ps(kExpMax));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(kLog2e)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Lo), _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Hi), x));
+  __m512 p = _mm512_set1_ps(kExpPoly[0]);
+  for (int i = 1; i < 6; ++i) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kExpPoly[i]));
+  p = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r), _mm512_set1_ps(1.f));
+  return _mm512_scalef_ps(p, n);
+}
+#endif
 
 template <typename A, typename B>
 inline float dot(const A* a, const B* b, int64_t n) {

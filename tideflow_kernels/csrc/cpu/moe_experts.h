@@ -91,23 +91,6 @@ inline bool amx_fits(int64_t hidden, int64_t inter) {
   return hidden % 64 == 0 && inter % 32 == 0 && amx::available();
 }
 
-// exp for 16 lanes (the polynomial of vexp), for the SwiGLU of the tile path.
-inline __m512 vexp16(__m512 x) {
-  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.3f)), _mm512_set1_ps(88.3f));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 q = _mm512_set1_ps(1.9875691500e-4f);
-  q = _mm512_fmadd_ps(q, r, _mm512_set1_ps(1.3981999507e-3f));
-  q = _mm512_fmadd_ps(q, r, _mm512_set1_ps(8.3334519073e-3f));
-  q = _mm512_fmadd_ps(q, r, _mm512_set1_ps(4.1665795894e-2f));
-  q = _mm512_fmadd_ps(q, r, _mm512_set1_ps(1.6666665459e-1f));
-  q = _mm512_fmadd_ps(q, r, _mm512_set1_ps(5.0000001201e-1f));
-  q = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(q, r), r, r), _mm512_set1_ps(1.f));
-  return _mm512_scalef_ps(q, n);
-}
-
 // silu(g) * u for 16 tokens, rounded to bf16 (nearest even, as the reference rounds).
 inline __m512i swiglu_bf16(const float* g, const float* u) {
   const __m512 gv = _mm512_loadu_ps(g);
@@ -123,24 +106,26 @@ inline __m512i swiglu_bf16(const float* g, const float* u) {
 // weight rows, as in expert_fused.
 inline void expert_amx(const uint16_t* x, const uint16_t* w13, const uint16_t* w2, const int64_t* toks,
                        const float* gate_w, int64_t n, int64_t hidden, int64_t inter, float* out) {
-  constexpr int kCols = amx::kMaxTokens;
+  constexpr int kCols = amx::kTokens;
   std::vector<uint32_t> x_packed(hidden / 2 * kCols), act_packed(inter / 2 * kCols);
+  const __m512i column = _mm512_mullo_epi32(  // offsets of one column of c, 16 rows apart
+      _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0), _mm512_set1_epi32(kCols));
   for (int64_t t0 = 0; t0 < n; t0 += kCols) {
     const int nt = int(std::min<int64_t>(kCols, n - t0));
     const uint16_t* rows[kCols];
     for (int t = 0; t < nt; ++t) rows[t] = x + toks[t0 + t] * hidden;
-    amx::pack_tokens(rows, nt, kCols, hidden, x_packed.data());
+    amx::pack_tokens(rows, nt, hidden, x_packed.data());
     alignas(64) float weight[kCols] = {};  // the routing weights of the chunk's tokens, 0 for padding
     for (int t = 0; t < nt; ++t) weight[t] = gate_w[t0 + t];
 #pragma omp parallel if (nt * hidden * inter >= kParallelGrain)
     {
-      amx::configure(kCols);
+      amx::configure();
       alignas(64) float c[4 * amx::kTileRows * kCols];
 #pragma omp for schedule(static)
       for (int64_t j = 0; j < inter; j += 32) {  // gate rows j..j+31 -> c[0..31], up rows -> c[32..63]
         const uint16_t* blocks[4] = {w13 + j * hidden, w13 + (j + 16) * hidden, w13 + (inter + j) * hidden,
                                      w13 + (inter + j + 16) * hidden};
-        amx::rows_by_tokens<4>(blocks, hidden, x_packed.data(), kCols, hidden, c);
+        amx::rows_by_tokens(blocks, hidden, x_packed.data(), hidden, c);
         uint32_t* act = act_packed.data() + (j / 2) * kCols;  // rows j+2m, j+2m+1: pair j/2+m of each token
         for (int m = 0; m < 16; ++m) {
           const __m512i lo = swiglu_bf16(c + 2 * m * kCols, c + (32 + 2 * m) * kCols);
@@ -152,9 +137,7 @@ inline void expert_amx(const uint16_t* x, const uint16_t* w13, const uint16_t* w
       for (int64_t h = 0; h < hidden; h += 64) {
         const uint16_t* blocks[4] = {w2 + h * inter, w2 + (h + 16) * inter, w2 + (h + 32) * inter,
                                      w2 + (h + 48) * inter};
-        amx::rows_by_tokens<4>(blocks, inter, act_packed.data(), kCols, inter, c);
-        const __m512i column = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-                                                  _mm512_set1_epi32(kCols));
+        amx::rows_by_tokens(blocks, inter, act_packed.data(), inter, c);
         for (int t = 0; t < nt; ++t) {  // token t's 64 outputs: column t of c, 16 rows per gather
           float* o = out + toks[t0 + t] * hidden + h;
           const __m512 w = _mm512_set1_ps(weight[t]);
@@ -242,13 +225,16 @@ inline at::Tensor moe_experts(const at::Tensor& x_in, const at::Tensor& w13_in,
   dispatch(x, "moe_experts", [&](auto tag) {
     using T = decltype(tag);
     std::vector<T> act(std::min(fused_group_max<T>(), tokens) * inter);
+#if defined(__AMX_BF16__) && defined(__AMX_TILE__)
+    const bool amx_ok = std::is_same_v<T, uint16_t> && amx_fits(hidden, inter);
+#endif
     for (int64_t e = 0; e < experts; ++e) {
       const int64_t n = offsets[e + 1] - offsets[e];
       if (n == 0) continue;
       const int64_t s = offsets[e];
 #if defined(__AMX_BF16__) && defined(__AMX_TILE__)
       if constexpr (std::is_same_v<T, uint16_t>) {
-        if (amx_takes(n) && amx_fits(hidden, inter)) {
+        if (amx_ok && amx_takes(n)) {
           expert_amx(cptr<T>(x), cptr<T>(w13) + e * 2 * inter * hidden, cptr<T>(w2) + e * hidden * inter,
                      sorted_tok.data() + s, sorted_w.data() + s, n, hidden, inter, out);
           continue;
