@@ -13,11 +13,11 @@ import pytest
 from prefect.settings import PREFECT_API_URL, temporary_settings
 
 from engine.canary import CanaryPlan, CanaryStep
-from engine.canary.judge import JudgeConfig
 from engine.control.client import ControlClient
 from flows.drills import FaultDrillParams, LoadDrillParams
 from flows.release import ReleaseParams, release
 from engine.process import free_port, start_service
+from harness.canary import SHARED_CORES_JUDGE
 from tideflow_kernels.spec import BuildRequest
 
 REPO = Path(__file__).resolve().parents[2]
@@ -46,7 +46,7 @@ def release_run(flow_home, prefect_ui):
         kernels=BuildRequest(target="all", arch="native", bench_iters=2),
         spec_file=REPO / "deployments" / "groups" / "tiny-pd.yaml",
         plan=CanaryPlan(steps=[CanaryStep(percent=p, hold_s=3, max_hold_s=90) for p in (25, 100)],
-                        judge=JudgeConfig(horizon=30), drain_s=5),
+                        judge=SHARED_CORES_JUDGE, drain_s=5),
         canary_traffic_rps=6.0,
         load=LoadDrillParams(steps=[1.0, 2.0], hold_s=3.0, output_len="fixed:8"),
         fault=FaultDrillParams(repeats=1, rate=2.0, duration_s=3.0, standby=True),

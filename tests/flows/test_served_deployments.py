@@ -26,6 +26,7 @@ from engine.control.models import ScalePool
 from engine.group.manager import GroupState
 from engine.group.spec import InferenceGroup
 from engine.process import free_port, start_service
+from harness.canary import SHARED_CORES_JUDGE
 from engine.scaling.policy import Bounds
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
@@ -50,7 +51,7 @@ def served(tideflow_home, controller, tmp_path_factory):
     (canary,) = [d for d in shipped["deployments"] if d["name"] == "canary-release"]
     canary["triggers"][0]["parameters"]["params"]["plan"] = {
         "steps": [{"percent": p, "hold_s": 3, "max_hold_s": 120} for p in (50, 100)],
-        "judge": {"horizon": 30}, "drain_s": 5}
+        "judge": SHARED_CORES_JUDGE.model_dump(), "drain_s": 5}
     prefect_file = tmp_path_factory.mktemp("prefect") / "prefect.yaml"
     prefect_file.write_text(yaml.safe_dump(shipped, sort_keys=False))
     port = free_port()

@@ -16,14 +16,17 @@ from engine.canary.rollout import conclude, hold_step, shift_weights
 from engine.canary.samples import RouterSamples
 from engine.server.faults import INJECTED_CODE
 from engine.group.manager import GroupState
+from harness.canary import SHARED_CORES_JUDGE
 
 FIGURES = ("requests", "errors", "error_rate", "ttft_p99_s", "tpot_p99_s", "throughput_tps", "window_s")
 
 
-def plan(hold_s: float, *percents: float, max_hold_s: float = 90) -> CanaryPlan:
-    """The shipped judge and suite; the horizon of 30 canary requests fits a test's few seconds per step."""
+def plan(hold_s: float, *percents: float, max_hold_s: float = 90,
+         judge: JudgeConfig = JudgeConfig(horizon=30)) -> CanaryPlan:
+    """The shipped judge's margins and suite; the horizon of 30 canary requests fits a test's few seconds
+    per step."""
     return CanaryPlan(steps=[{"percent": p, "hold_s": hold_s, "max_hold_s": max_hold_s} for p in percents],
-                      judge=JudgeConfig(horizon=30), check_interval_s=1.0, drain_s=5.0)
+                      judge=judge, check_interval_s=1.0, drain_s=5.0)
 
 
 def assert_nothing_lost(load) -> None:
@@ -134,8 +137,10 @@ def test_a_step_without_canary_traffic_is_inconclusive_and_fails_its_gate(fleet)
 
 
 def test_a_healthy_canary_passes_and_is_promoted(fleet, load):
+    """The first step splits the load evenly, so both groups see the same batching and contention; the
+    judge is the one for shared cores (harness/canary.py)."""
     fleet.only(stable=100)
-    the_plan = plan(3.0, 25, 100)
+    the_plan = plan(3.0, 50, 100, judge=SHARED_CORES_JUDGE)
     events: list = []
     source = DirectSource.for_groupset(fleet.gs)
     try:
@@ -150,7 +155,7 @@ def test_a_healthy_canary_passes_and_is_promoted(fleet, load):
         source.close()
     assert set(verdicts(first).values()) == {"pass"} and all(v.canary_n >= 20 and v.p_value is not None
                                                              for v in first.verdicts)
-    assert last.baseline_step == 0  # no stable traffic at 100 %: errors judged against the 25 % step
+    assert last.baseline_step == 0  # no stable traffic at 100 %: errors judged against the 50 % step
     assert [v.metric for v in last.verdicts] == ["errors"]  # latency only against a concurrent baseline
     assert report.decision == "promoted" and report.weights["good"] == 100 and "stable" not in report.weights
     stable = fleet.gs.manager.groups["stable"]
