@@ -411,7 +411,10 @@ class LLMEngine:
                 self._imports.append(req)
                 continue
             self.metrics.prompt_tokens.inc(len(req.seq.prompt_tokens))
-            self.scheduler.add(req.seq, time.monotonic())
+            # The window counts from the request's arrival, not from when this thread looked: one that came
+            # during a step has waited that step already and departs with the next (from the look, it
+            # missed the next step and paid a whole extra step of TTFT whenever the engine was busy).
+            self.scheduler.add(req.seq, req.seq.arrival)
         while self._imports and self._admit_import(self._imports[0]):
             self._imports.popleft()
         aborted = bool(self._aborts)

@@ -4,6 +4,7 @@ engine's results under all of it equal the reference `generate` loop token for t
 from __future__ import annotations
 
 import random
+import time
 
 import pytest
 
@@ -102,6 +103,20 @@ def test_the_shuttle_window_holds_arrivals_until_it_closes():
     s.add(seq("b", 3), 1.008)
     plan = s.schedule(1.010)
     assert plan.departed == 2 and len(plan.batch) == 2
+
+
+def test_a_request_that_waited_out_the_window_in_the_inbox_departs_at_the_next_look(tiny):
+    """The engine boards a request with its arrival time: one that came while a step ran has waited that
+    long already, so the next step takes it (boarded at the look instead, it would miss that step)."""
+    model, tok = tiny
+    engine = LLMEngine(model, tok, EngineConfig(kv_cache_bytes=1 << 20, max_wait_ms=20))  # not started: we step
+    engine.submit([5, 6, 7], SamplingParams(max_tokens=1), lambda out: None)
+    arrived = engine._adds[0].seq.arrival
+    while time.monotonic() < arrived + 0.021:  # the window's time passes while "a step runs"
+        time.sleep(0.005)
+    engine._drain_inbox()
+    plan = engine.scheduler.schedule(time.monotonic())
+    assert plan.departed == 1 and [i.seq.prompt_tokens for i in plan.batch] == [[5, 6, 7]]
 
 
 def test_cancellation_frees_blocks_wherever_the_request_is():
