@@ -81,9 +81,11 @@ def check_cases(op: str, dtype: torch.dtype, device: str) -> list[tuple]:
         return [gating_args(13, 64, 8, *d), gating_args(1, 60, 2, *d, renormalize=False)]
     if op == "moe_experts":
         # register tiles with ragged edges (odd sizes), expert groups past the tiled path's limit (at::mm), and
-        # shapes the AMX tiles take (hidden % 64, inter % 32) with groups of a few tokens and of 16 + a rest
+        # shapes the AMX tiles take (hidden % 64, inter % 32) with groups of a few tokens, of 16 + a rest and
+        # of several chunks of 16 + a rest
         return [moe_args(13, 257, 96, 8, 2, *d, skip_fraction=0.2), moe_args(37, 128, 64, 4, 2, *d),
-                moe_args(150, 97, 40, 2, 2, *d), moe_args(20, 128, 96, 8, 2, *d, skip_fraction=0.2)]
+                moe_args(150, 97, 40, 2, 2, *d), moe_args(20, 128, 96, 8, 2, *d, skip_fraction=0.2),
+                moe_args(75, 128, 96, 4, 2, *d)]
     if op == "paged_decode_attention":
         # query groups of 4, 1, 6 (two register tiles of heads) and 3, over head sizes with and without
         # the register-held value sums (64 and 128; 72)

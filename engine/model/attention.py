@@ -62,9 +62,11 @@ class Attention(nn.Module):
             blocks = meta.block_tables[i, : (ctx + block_size - 1) // block_size].long()
             keys = k_cache[blocks].reshape(-1, self.num_kv_heads, self.head_dim)[:ctx]
             vals = v_cache[blocks].reshape(-1, self.num_kv_heads, self.head_dim)[:ctx]
-            qi = q[start : start + n].transpose(0, 1)
-            ki = keys.transpose(0, 1).repeat_interleave(group, dim=0)
-            vi = vals.transpose(0, 1).repeat_interleave(group, dim=0)
+            # [1, heads, tokens, dim]: torch's fused CPU attention (flash) takes only 4-d inputs; 3-d ones
+            # fall back to the unfused math path, 11x slower for a 128-token bf16 prompt on 2 cores
+            qi = q[start : start + n].transpose(0, 1).unsqueeze(0)
+            ki = keys.transpose(0, 1).repeat_interleave(group, dim=0).unsqueeze(0)
+            vi = vals.transpose(0, 1).repeat_interleave(group, dim=0).unsqueeze(0)
             if n == ctx:
                 o = F.scaled_dot_product_attention(qi, ki, vi, is_causal=True, scale=self.scale)
             else:
@@ -72,6 +74,6 @@ class Attention(nn.Module):
                 qpos = torch.arange(ctx - n, ctx, device=q.device).unsqueeze(1)
                 mask = torch.arange(ctx, device=q.device).unsqueeze(0) <= qpos
                 o = F.scaled_dot_product_attention(qi, ki, vi, attn_mask=mask, scale=self.scale)
-            outs.append(o.transpose(0, 1))
+            outs.append(o[0].transpose(0, 1))
             start += n
         return torch.cat(outs, dim=0)
