@@ -1,9 +1,11 @@
-"""Reads deployments/prefect.yaml for `tideflow ui` (serve) and the tests, through Prefect's public API only:
+"""Reads prefect.yaml (the shipped one is package data: flows/prefect.yaml) for `tideflow ui` (serve) and
+the tests, through Prefect's public API only:
 the YAML is validated here (pydantic), schedules become `prefect.schedules.Cron`, triggers
 `prefect.events.DeploymentEventTrigger`, and each flow's `to_deployment` builds the RunnerDeployment."""
 
 from __future__ import annotations
 
+from importlib import resources
 from pathlib import Path
 
 import yaml
@@ -14,7 +16,11 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from engine.errors import TideflowError
 
-REPO = Path(__file__).resolve().parents[1]
+# Entrypoints (flows/x.py:f) are relative to the directory that holds the flows package: the repository,
+# or site-packages once installed; `prefect deploy` reads them relative to its working directory, the same.
+ENTRYPOINT_ROOT = Path(__file__).resolve().parents[1]
+# Every tideflow deployment, shipped inside the package so an installed `tideflow ui` finds it.
+SHIPPED_PREFECT_FILE = Path(str(resources.files(__package__).joinpath("prefect.yaml")))
 
 
 class DeploymentsFileError(TideflowError):
@@ -59,10 +65,10 @@ def deployment_entries(prefect_yaml: Path) -> list[DeploymentEntry]:
 
 
 def load_deployments(prefect_yaml: Path) -> list:
-    """RunnerDeployments to `prefect.serve` (entrypoints are relative to the repository)."""
+    """RunnerDeployments to `prefect.serve`."""
     deployments = []
     for entry in deployment_entries(prefect_yaml):
-        flow = load_flow_from_entrypoint(str(REPO / entry.entrypoint), use_placeholder_flow=False)
+        flow = load_flow_from_entrypoint(str(ENTRYPOINT_ROOT / entry.entrypoint), use_placeholder_flow=False)
         deployments.append(flow.to_deployment(
             name=entry.name, description=entry.description, parameters=entry.parameters, triggers=entry.triggers,
             schedules=[Cron(s.cron, timezone=s.timezone, active=s.active) for s in entry.schedules]))

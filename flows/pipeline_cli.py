@@ -9,8 +9,6 @@ import sys
 import time
 from pathlib import Path
 
-PREFECT_YAML = Path(__file__).resolve().parents[1] / "deployments" / "prefect.yaml"
-
 
 def add_commands(subparsers: argparse._SubParsersAction) -> None:
     rel = subparsers.add_parser("release", help="build kernels -> publish -> deploy -> canary -> drills (Prefect flow)")
@@ -19,11 +17,11 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
                      help="leave the controller (and the fleet) running after the flow; `tideflow down` stops it")
     rel.set_defaults(func=_release)
 
-    ui = subparsers.add_parser("ui", help="start a local Prefect server and serve every deployment of deployments/prefect.yaml")
+    ui = subparsers.add_parser("ui", help="start a local Prefect server and serve every tideflow deployment (the shipped prefect.yaml)")
     ui.add_argument("--port", type=int, default=4200, help="Prefect UI/API port on 127.0.0.1")
     ui.add_argument("--keep-serving", action="store_true", help="leave a controller started here running on exit")
-    ui.add_argument("--prefect-file", type=Path, default=PREFECT_YAML,
-                    help="deployments to serve (default: the shipped deployments/prefect.yaml)")
+    ui.add_argument("--prefect-file", type=Path, default=None,
+                    help="deployments to serve (default: flows/prefect.yaml, shipped inside the package)")
     ui.set_defaults(func=_ui)
 
 
@@ -100,9 +98,9 @@ def _ui(args: argparse.Namespace) -> int:
         os.environ["PREFECT_API_URL"] = api
         from prefect import serve
 
-        from flows.deployments import load_deployments
+        from flows.deployments import SHIPPED_PREFECT_FILE, load_deployments
 
-        deployments = load_deployments(args.prefect_file)
+        deployments = load_deployments(args.prefect_file or SHIPPED_PREFECT_FILE)
         print(f"Prefect UI: http://127.0.0.1:{args.port} - serving {len(deployments)} deployments against the "
               f"controller ({'started here' if controller else 'already running'}); Ctrl-C stops", flush=True)
         serve(*deployments, print_starting_message=False)

@@ -1,19 +1,30 @@
-"""deployments/prefect.yaml through Prefect's public API: entrypoints import, schedules and triggers as stated,
-and a malformed entry is refused naming it."""
+"""The shipped prefect.yaml through Prefect's public API: it is package data, entrypoints import, schedules
+and triggers as stated, and a malformed entry is refused naming it."""
 
 from __future__ import annotations
 
+import tomllib
+from fnmatch import fnmatch
 from pathlib import Path
 
 from prefect.flows import load_flow_from_entrypoint
 
 import pytest
 
-from flows.deployments import DeploymentsFileError, deployment_entries, load_deployments
+import flows
+from flows.deployments import (ENTRYPOINT_ROOT, SHIPPED_PREFECT_FILE, DeploymentsFileError, deployment_entries,
+                               load_deployments)
 from tasks.weights import PUBLISHED_EVENT
 
 REPO = Path(__file__).resolve().parents[2]
-PREFECT_YAML = REPO / "deployments" / "prefect.yaml"
+PREFECT_YAML = SHIPPED_PREFECT_FILE
+
+
+def test_the_shipped_file_is_package_data_so_an_installed_tideflow_ui_finds_it():
+    assert PREFECT_YAML.is_file() and PREFECT_YAML.parent == Path(flows.__file__).resolve().parent
+    patterns = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["*"]
+    assert any(fnmatch(PREFECT_YAML.name, p) for p in patterns), patterns
+    assert ENTRYPOINT_ROOT == Path(flows.__file__).resolve().parents[1]  # entrypoints: flows/<file>.py:<flow>
 
 
 def test_every_flow_has_a_deployment_whose_entrypoint_imports():
@@ -21,7 +32,7 @@ def test_every_flow_has_a_deployment_whose_entrypoint_imports():
     assert set(configs) == {"build-kernels", "publish-weights", "deploy-group", "canary-release", "load-drill-nightly",
                             "fault-drill-nightly", "tidal-scale-up", "tidal-scale-down", "autoscaler", "release"}
     for config in configs.values():
-        flow = load_flow_from_entrypoint(str(REPO / config.entrypoint), use_placeholder_flow=False)
+        flow = load_flow_from_entrypoint(str(ENTRYPOINT_ROOT / config.entrypoint), use_placeholder_flow=False)
         assert flow.name == config.entrypoint.rsplit(":", 1)[1]
 
 

@@ -26,6 +26,7 @@ from engine.control.models import ScalePool
 from engine.group.manager import GroupState
 from engine.group.spec import InferenceGroup
 from engine.process import free_port, start_service
+from flows.deployments import SHIPPED_PREFECT_FILE
 from harness.canary import SHARED_CORES_JUDGE
 from engine.scaling.policy import Bounds
 
@@ -45,7 +46,7 @@ def served(tideflow_home, controller, tmp_path_factory):
     """`tideflow ui` on a free port, serving the shipped deployments from a copy of prefect.yaml (passed with
     --prefect-file): the canary trigger's plan shortened for a laptop, and the cron schedules left out, so
     that a scheduled run (08:00 in Shanghai is 00:00 UTC) cannot scale the fleet in the middle of a test."""
-    shipped = yaml.safe_load((REPO / "deployments" / "prefect.yaml").read_text())
+    shipped = yaml.safe_load(SHIPPED_PREFECT_FILE.read_text())
     for deployment in shipped["deployments"]:
         deployment.pop("schedules", None)
     (canary,) = [d for d in shipped["deployments"] if d["name"] == "canary-release"]
