@@ -43,7 +43,7 @@ def server(kind: str, model_dir: Path, ttft_ms: float, tpot_ms: float):
     child = Child(f"{kind}-server", cmd, model_dir.parent / f"{kind}-server.log", {"TIDEFLOW_API_KEYS": KEY})
     url = f"http://127.0.0.1:{port}"
     try:
-        if not wait_http_ok(url + ready, 120, child, {"Authorization": f"Bearer {KEY}"}):
+        if not wait_http_ok(url + ready, 120, child, KEY):
             raise RuntimeError(f"{kind} server not ready: {child.log_tail()}")
         yield url, model
     finally:

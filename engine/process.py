@@ -14,6 +14,8 @@ from pathlib import Path
 
 import httpx
 
+from engine.http import bearer_client
+
 
 # Ports handed to children are drawn below Linux's ephemeral range (32768-60999 by default), where
 # the kernel never places an outgoing connection: a port picked here and bound by a child a moment
@@ -164,15 +166,16 @@ def tideflow_argv(*args: str) -> list[str]:
     return [sys.executable, "-m", "engine.main", *args]
 
 
-def wait_http_ok(url: str, timeout_s: float, child: Child | None = None, headers: dict | None = None) -> bool:
-    """Poll `url` until it answers 200; False on timeout or when `child` exits first."""
+def wait_http_ok(url: str, timeout_s: float, child: Child | None = None, key: str | None = None) -> bool:
+    """Poll `url` until it answers 200 (with the bearer `key`, if given); False on timeout or when `child`
+    exits first."""
     deadline = time.monotonic() + timeout_s
-    with httpx.Client(trust_env=False, headers=headers or {}) as client:
+    with bearer_client(key, timeout_s=1.0) as client:
         while time.monotonic() < deadline:
             if child is not None and not child.alive():
                 return False
             try:
-                if client.get(url, timeout=1.0).status_code == 200:
+                if client.get(url).status_code == 200:
                     return True
             except httpx.HTTPError:
                 pass
@@ -181,12 +184,12 @@ def wait_http_ok(url: str, timeout_s: float, child: Child | None = None, headers
 
 
 def start_service(name: str, argv: list[str], log_path: Path, health_url: str, timeout_s: float = 60.0,
-                  env: dict[str, str] | None = None, headers: dict | None = None) -> Child:
+                  env: dict[str, str] | None = None) -> Child:
     """A Child that answers 200 on `health_url` within `timeout_s`; on failure it is reaped and the
     error carries its log's tail."""
     child = Child(name, argv, log_path, env)
     try:
-        if not wait_http_ok(health_url, timeout_s=timeout_s, child=child, headers=headers):
+        if not wait_http_ok(health_url, timeout_s=timeout_s, child=child):
             raise RuntimeError(f"{name} did not come up within {timeout_s:.0f}s: {child.log_tail()}")
     except BaseException:
         child.stop()

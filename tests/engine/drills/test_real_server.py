@@ -23,7 +23,7 @@ def engine_server(tiny_model_dir, tmp_path_factory):
     child = Child("serve-drill", argv, tmp_path_factory.mktemp("logs") / "serve.log", {"TIDEFLOW_API_KEYS": KEY})
     url = f"http://127.0.0.1:{port}"
     try:
-        if not wait_http_ok(url + "/ready", 90, child, {"Authorization": f"Bearer {KEY}"}):
+        if not wait_http_ok(url + "/ready", 90, child, KEY):
             raise RuntimeError(f"serve did not become ready: {child.log_tail()}")
         yield url
     finally:

@@ -136,9 +136,8 @@ def test_surviving_rank_exits_when_its_peer_dies(moe8_dir, tideflow_home):
         "--dep-rank", str(r), "--dep-size", "2", "--dist-addr", f"127.0.0.1:{dist_port}", "--dist-timeout-s", "20"),
         tideflow_home / "logs" / f"dep-rank-{r}.log", {"TIDEFLOW_API_KEYS": KEY}) for r in range(2)]
     try:
-        auth = {"authorization": f"Bearer {KEY}"}
         for r in range(2):
-            assert wait_http_ok(f"http://127.0.0.1:{ports[r]}/ready", 60, ranks[r], auth), ranks[r].log_tail()
+            assert wait_http_ok(f"http://127.0.0.1:{ports[r]}/ready", 60, ranks[r], KEY), ranks[r].log_tail()
         ranks[1].kill(signal.SIGKILL)
         deadline = time.monotonic() + 40
         while ranks[0].alive() and time.monotonic() < deadline:

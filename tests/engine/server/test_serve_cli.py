@@ -26,7 +26,7 @@ def cli_server(tiny_model_dir, tmp_path):
     child = Child("serve-cli", argv, tmp_path / "serve.log", {"TIDEFLOW_API_KEYS": "env-key-1,env-key-2"})
     url = f"http://127.0.0.1:{port}"
     try:
-        if not wait_http_ok(url + "/ready", 90, child, {"Authorization": "Bearer env-key-2"}):
+        if not wait_http_ok(url + "/ready", 90, child, "env-key-2"):
             raise RuntimeError(f"serve did not become ready: {child.log_tail()}")
         yield url, child
     finally:
@@ -83,7 +83,7 @@ def test_a_member_whose_engine_thread_died_fails_the_request_and_exits(tiny_mode
     child = Child("serve-broken", argv, tmp_path / "serve.log", {"TIDEFLOW_API_KEYS": "k", "BREAK_ENGINE_WHEN": str(trigger)})
     url = f"http://127.0.0.1:{port}"
     try:
-        assert wait_http_ok(url + "/ready", 90, child, {"Authorization": "Bearer k"}), child.log_tail()
+        assert wait_http_ok(url + "/ready", 90, child, "k"), child.log_tail()
         client = openai.OpenAI(base_url=url + "/v1", api_key="k", max_retries=0, timeout=60)
         model = client.models.list().data[0].id
         assert client.completions.create(model=model, prompt="hello", max_tokens=4, temperature=0).usage.completion_tokens
