@@ -2,7 +2,8 @@
 // SwiGLU MLP and scatter the weighted result into an fp32 accumulator. Groups up to
 // fused_group_max<T>() tokens (decode, small prefills) use register-tiled dot products that stream each
 // weight row once for the whole group; larger groups (prefill) call at::mm on the gathered rows. On a
-// host with AMX, bf16 groups of the sizes amx_takes() run on AMX tiles instead (expert_amx).
+// host with AMX, bf16 groups of the sizes amx_takes() run on AMX tiles instead, in one parallel region
+// for all of them (experts_amx).
 #pragma once
 #include <type_traits>
 #include <vector>
@@ -99,51 +100,92 @@ inline __m512i swiglu_bf16(const float* g, const float* u) {
   return _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(a));
 }
 
-// One bf16 expert on AMX tiles, 16 tokens at a time (the last chunk padded with zero tokens: a tile
-// product costs the same for 16 columns as for 3, and the epilogues then work on whole vectors).
-// act = silu(x W_gate^T) * (x W_up^T), rounded to bf16 as the reference does and written straight
-// into the packed (B) layout of the second product, then out += w * act W2^T. Threads split the
-// weight rows, as in expert_fused.
-inline void expert_amx(const uint16_t* x, const uint16_t* w13, const uint16_t* w2, const int64_t* toks,
-                       const float* gate_w, int64_t n, int64_t hidden, int64_t inter, float* out) {
+// 16 tokens of one expert's group: the unit of work of the tile path (fewer are padded with zero tokens:
+// a tile product costs the same for 16 columns as for 3, and the epilogues then work on whole vectors).
+struct AmxChunk {
+  int64_t expert;
+  const int64_t* toks;  // the chunk's token rows
+  const float* gate_w;  // their routing weights
+  int nt;
+};
+
+// The chunks of one call that the tiles take, at most this many per parallel region (their packed tokens
+// and activations take (hidden + inter) * 64 bytes per chunk: 96 KB at hidden 512, inter 1024).
+constexpr size_t kAmxChunksPerRegion = 64;
+
+// Every bf16 group the tiles take, in one parallel region per kAmxChunksPerRegion chunks, not one per
+// expert: the threads meet at two barriers per region instead of two per expert, so the weight streams
+// of consecutive experts run back to back. act = silu(x W_gate^T) * (x W_up^T), rounded to bf16 as the
+// reference does and written straight into the packed (B) layout of the second product, then
+// out += w * act W2^T.
+// - packing: the chunks' tokens into the B layout, split over the threads;
+// - gate/up: (expert, 32 gate rows, chunk) items, chunks innermost so an expert's weight rows are reused
+//   hot by each of its chunks;
+// - down: the threads split the output columns (64 at a time), each going over every chunk, so a token
+//   routed to several experts has each of its columns written by one thread only.
+inline void experts_amx(const uint16_t* x, const uint16_t* w13, const uint16_t* w2,
+                        const std::vector<AmxChunk>& all, int64_t hidden, int64_t inter, float* out) {
   constexpr int kCols = amx::kTokens;
-  std::vector<uint32_t> x_packed(hidden / 2 * kCols), act_packed(inter / 2 * kCols);
+  const int64_t x_size = hidden / 2 * kCols, act_size = inter / 2 * kCols;
+  const int64_t col_blocks = hidden / 64;
+  std::vector<uint32_t> x_packed, act_packed;
+  std::vector<std::pair<int64_t, int64_t>> items;
   const __m512i column = _mm512_mullo_epi32(  // offsets of one column of c, 16 rows apart
       _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0), _mm512_set1_epi32(kCols));
-  for (int64_t t0 = 0; t0 < n; t0 += kCols) {
-    const int nt = int(std::min<int64_t>(kCols, n - t0));
-    const uint16_t* rows[kCols];
-    for (int t = 0; t < nt; ++t) rows[t] = x + toks[t0 + t] * hidden;
-    amx::pack_tokens(rows, nt, hidden, x_packed.data());
-    alignas(64) float weight[kCols] = {};  // the routing weights of the chunk's tokens, 0 for padding
-    for (int t = 0; t < nt; ++t) weight[t] = gate_w[t0 + t];
-#pragma omp parallel if (nt * hidden * inter >= kParallelGrain)
+  for (size_t first = 0; first < all.size(); first += kAmxChunksPerRegion) {
+    const int64_t count = int64_t(std::min(kAmxChunksPerRegion, all.size() - first));
+    const AmxChunk* chunks = all.data() + first;
+    x_packed.resize(count * x_size);
+    act_packed.resize(count * act_size);
+    int64_t tokens = 0;
+    for (int64_t c = 0; c < count; ++c) tokens += chunks[c].nt;
+    items.clear();  // (chunk, first gate row) of the gate/up phase: per expert, per 32 rows, per chunk
+    for (int64_t c0 = 0; c0 < count;) {
+      int64_t c1 = c0 + 1;
+      while (c1 < count && chunks[c1].expert == chunks[c0].expert) ++c1;
+      for (int64_t j = 0; j < inter; j += 32)
+        for (int64_t c = c0; c < c1; ++c) items.push_back({c, j});
+      c0 = c1;
+    }
+#pragma omp parallel if (tokens * hidden * inter >= kParallelGrain)
     {
-      amx::configure();
-      alignas(64) float c[4 * amx::kTileRows * kCols];
 #pragma omp for schedule(static)
-      for (int64_t j = 0; j < inter; j += 32) {  // gate rows j..j+31 -> c[0..31], up rows -> c[32..63]
-        const uint16_t* blocks[4] = {w13 + j * hidden, w13 + (j + 16) * hidden, w13 + (inter + j) * hidden,
-                                     w13 + (inter + j + 16) * hidden};
-        amx::rows_by_tokens(blocks, hidden, x_packed.data(), hidden, c);
-        uint32_t* act = act_packed.data() + (j / 2) * kCols;  // rows j+2m, j+2m+1: pair j/2+m of each token
+      for (int64_t c = 0; c < count; ++c) {
+        const uint16_t* rows[kCols];
+        for (int t = 0; t < chunks[c].nt; ++t) rows[t] = x + chunks[c].toks[t] * hidden;
+        amx::pack_tokens(rows, chunks[c].nt, hidden, x_packed.data() + c * x_size);
+      }  // barrier: every chunk is packed
+      amx::configure();
+      alignas(64) float tile[4 * amx::kTileRows * kCols];
+#pragma omp for schedule(static)
+      for (size_t i = 0; i < items.size(); ++i) {
+        const auto [c, j] = items[i];
+        const uint16_t* we = w13 + chunks[c].expert * 2 * inter * hidden;
+        const uint16_t* blocks[4] = {we + j * hidden, we + (j + 16) * hidden, we + (inter + j) * hidden,
+                                     we + (inter + j + 16) * hidden};
+        amx::rows_by_tokens(blocks, hidden, x_packed.data() + c * x_size, hidden, tile);
+        uint32_t* act = act_packed.data() + c * act_size + (j / 2) * kCols;  // rows j+2m, j+2m+1: pair m
         for (int m = 0; m < 16; ++m) {
-          const __m512i lo = swiglu_bf16(c + 2 * m * kCols, c + (32 + 2 * m) * kCols);
-          const __m512i hi = swiglu_bf16(c + (2 * m + 1) * kCols, c + (33 + 2 * m) * kCols);
+          const __m512i lo = swiglu_bf16(tile + 2 * m * kCols, tile + (32 + 2 * m) * kCols);
+          const __m512i hi = swiglu_bf16(tile + (2 * m + 1) * kCols, tile + (33 + 2 * m) * kCols);
           _mm512_storeu_si512(act + m * kCols, _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
         }
-      }  // the loop's barrier: every row of act is written before any thread reads it below
+      }  // the loop's barrier: every act is written before any thread reads it below
 #pragma omp for schedule(static)
-      for (int64_t h = 0; h < hidden; h += 64) {
-        const uint16_t* blocks[4] = {w2 + h * inter, w2 + (h + 16) * inter, w2 + (h + 32) * inter,
-                                     w2 + (h + 48) * inter};
-        amx::rows_by_tokens(blocks, inter, act_packed.data(), inter, c);
-        for (int t = 0; t < nt; ++t) {  // token t's 64 outputs: column t of c, 16 rows per gather
-          float* o = out + toks[t0 + t] * hidden + h;
-          const __m512 w = _mm512_set1_ps(weight[t]);
-          for (int q = 0; q < 4; ++q) {
-            const __m512 y = _mm512_i32gather_ps(column, c + q * 16 * kCols + t, 4);
-            _mm512_storeu_ps(o + 16 * q, _mm512_fmadd_ps(w, y, _mm512_loadu_ps(o + 16 * q)));
+      for (int64_t hb = 0; hb < col_blocks; ++hb) {
+        const int64_t h = hb * 64;
+        for (int64_t c = 0; c < count; ++c) {
+          const uint16_t* we = w2 + chunks[c].expert * hidden * inter;
+          const uint16_t* blocks[4] = {we + h * inter, we + (h + 16) * inter, we + (h + 32) * inter,
+                                       we + (h + 48) * inter};
+          amx::rows_by_tokens(blocks, inter, act_packed.data() + c * act_size, inter, tile);
+          for (int t = 0; t < chunks[c].nt; ++t) {  // token t's 64 outputs: column t of c, 16 rows per gather
+            float* o = out + chunks[c].toks[t] * hidden + h;
+            const __m512 w = _mm512_set1_ps(chunks[c].gate_w[t]);
+            for (int q = 0; q < 4; ++q) {
+              const __m512 y = _mm512_i32gather_ps(column, tile + q * 16 * kCols + t, 4);
+              _mm512_storeu_ps(o + 16 * q, _mm512_fmadd_ps(w, y, _mm512_loadu_ps(o + 16 * q)));
+            }
           }
         }
       }
@@ -228,6 +270,9 @@ inline at::Tensor moe_experts(const at::Tensor& x_in, const at::Tensor& w13_in,
 #if defined(__AMX_BF16__) && defined(__AMX_TILE__)
     const bool amx_ok = std::is_same_v<T, uint16_t> && amx_fits(hidden, inter);
 #endif
+#if defined(__AMX_BF16__) && defined(__AMX_TILE__)
+    std::vector<AmxChunk> amx_chunks;  // the groups the tiles take, cut in 16-token chunks, expert by expert
+#endif
     for (int64_t e = 0; e < experts; ++e) {
       const int64_t n = offsets[e + 1] - offsets[e];
       if (n == 0) continue;
@@ -235,8 +280,9 @@ inline at::Tensor moe_experts(const at::Tensor& x_in, const at::Tensor& w13_in,
 #if defined(__AMX_BF16__) && defined(__AMX_TILE__)
       if constexpr (std::is_same_v<T, uint16_t>) {
         if (amx_ok && amx_takes(n)) {
-          expert_amx(cptr<T>(x), cptr<T>(w13) + e * 2 * inter * hidden, cptr<T>(w2) + e * hidden * inter,
-                     sorted_tok.data() + s, sorted_w.data() + s, n, hidden, inter, out);
+          for (int64_t t0 = 0; t0 < n; t0 += amx::kTokens)
+            amx_chunks.push_back({e, sorted_tok.data() + s + t0, sorted_w.data() + s + t0,
+                                  int(std::min<int64_t>(amx::kTokens, n - t0))});
           continue;
         }
       }
@@ -251,6 +297,11 @@ inline at::Tensor moe_experts(const at::Tensor& x_in, const at::Tensor& w13_in,
         expert_mm<T>(x, w13[e], w2[e], toks, gw, inter, out);
       }
     }
+#if defined(__AMX_BF16__) && defined(__AMX_TILE__)
+    if constexpr (std::is_same_v<T, uint16_t>) {
+      if (!amx_chunks.empty()) experts_amx(cptr<T>(x), cptr<T>(w13), cptr<T>(w2), amx_chunks, hidden, inter, out);
+    }
+#endif
   });
   return x.scalar_type() == at::kFloat ? acc : acc.to(x.scalar_type());
 }
