@@ -17,7 +17,7 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
                      help="leave the controller (and the fleet) running after the flow; `tideflow down` stops it")
     rel.set_defaults(func=_release)
 
-    ui = subparsers.add_parser("ui", help="start a local Prefect server and serve every tideflow deployment (the shipped prefect.yaml)")
+    ui = subparsers.add_parser("ui", help="start a local Prefect server and serve every tideflow deployment")
     ui.add_argument("--port", type=int, default=4200, help="Prefect UI/API port on 127.0.0.1")
     ui.add_argument("--keep-serving", action="store_true", help="leave a controller started here running on exit")
     ui.add_argument("--prefect-file", type=Path, default=None,
