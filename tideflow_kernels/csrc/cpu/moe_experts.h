@@ -130,7 +130,7 @@ inline void experts_amx(const uint16_t* x, const uint16_t* w13, const uint16_t* 
   const int64_t col_blocks = hidden / 64;
   std::vector<uint32_t> x_packed, act_packed;
   std::vector<std::pair<int64_t, int64_t>> items;
-  const __m512i column = _mm512_mullo_epi32(  // offsets of one column of c, 16 rows apart
+  const __m512i column = _mm512_mullo_epi32(  // offsets of one column of a C tile, 16 rows apart
       _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0), _mm512_set1_epi32(kCols));
   for (size_t first = 0; first < all.size(); first += kAmxChunksPerRegion) {
     const int64_t count = int64_t(std::min(kAmxChunksPerRegion, all.size() - first));
@@ -179,7 +179,7 @@ inline void experts_amx(const uint16_t* x, const uint16_t* w13, const uint16_t* 
           const uint16_t* blocks[4] = {we + h * inter, we + (h + 16) * inter, we + (h + 32) * inter,
                                        we + (h + 48) * inter};
           amx::rows_by_tokens(blocks, inter, act_packed.data() + c * act_size, inter, tile);
-          for (int t = 0; t < chunks[c].nt; ++t) {  // token t's 64 outputs: column t of c, 16 rows per gather
+          for (int t = 0; t < chunks[c].nt; ++t) {  // token t's 64 outputs: column t of the tiles, 16 rows a gather
             float* o = out + chunks[c].toks[t] * hidden + h;
             const __m512 w = _mm512_set1_ps(chunks[c].gate_w[t]);
             for (int q = 0; q < 4; ++q) {
@@ -269,8 +269,6 @@ inline at::Tensor moe_experts(const at::Tensor& x_in, const at::Tensor& w13_in,
     std::vector<T> act(std::min(fused_group_max<T>(), tokens) * inter);
 #if defined(__AMX_BF16__) && defined(__AMX_TILE__)
     const bool amx_ok = std::is_same_v<T, uint16_t> && amx_fits(hidden, inter);
-#endif
-#if defined(__AMX_BF16__) && defined(__AMX_TILE__)
     std::vector<AmxChunk> amx_chunks;  // the groups the tiles take, cut in 16-token chunks, expert by expert
 #endif
     for (int64_t e = 0; e < experts; ++e) {
