@@ -7,6 +7,8 @@ import math
 
 import torch
 
+from tideflow_kernels.tiles import to_tiles
+
 DEFAULT_TOLERANCE = {"float32": 1e-4, "bfloat16": 2e-2}
 # The reference rounds the expert MLP's intermediates to bf16; compiled ops keep them in fp32.
 OP_TOLERANCE = {"moe_experts": {"float32": 1e-4, "bfloat16": 4e-2}}
@@ -41,7 +43,7 @@ def gating_args(tokens, experts, k, dtype, device, renormalize=True):
     return (torch.randn(tokens, experts, device=device).to(dtype), k, renormalize)
 
 
-def moe_args(tokens, hidden, inter, experts, k, dtype, device, skip_fraction=0.0):
+def moe_args(tokens, hidden, inter, experts, k, dtype, device, skip_fraction=0.0, tiled=False):
     x = torch.randn(tokens, hidden, device=device).to(dtype)
     w13 = (torch.randn(experts, 2 * inter, hidden, device=device) / math.sqrt(hidden)).to(dtype)
     w2 = (torch.randn(experts, hidden, inter, device=device) / math.sqrt(inter)).to(dtype)
@@ -49,6 +51,8 @@ def moe_args(tokens, hidden, inter, experts, k, dtype, device, skip_fraction=0.0
     if skip_fraction:  # experts owned by another rank arrive as -1
         ids = ids.masked_fill(torch.rand(ids.shape, device=device) < skip_fraction, -1)
     weights = torch.softmax(torch.randn(tokens, k, device=device), dim=-1)
+    if tiled:
+        return (x, to_tiles(w13), to_tiles(w2), weights, ids, True)
     return (x, w13, w2, weights, ids)
 
 
@@ -82,10 +86,12 @@ def check_cases(op: str, dtype: torch.dtype, device: str) -> list[tuple]:
     if op == "moe_experts":
         # register tiles with ragged edges (odd sizes), expert groups past the tiled path's limit (at::mm), and
         # shapes the AMX tiles take (hidden % 64, inter % 32) with groups of a few tokens, of 16 + a rest and
-        # of several chunks of 16 + a rest
+        # of several chunks of 16 + a rest; and those shapes with the weights tiled (every group on the tiles
+        # in bf16 on an AMX host, single tokens included; read through a row-major copy elsewhere)
         return [moe_args(13, 257, 96, 8, 2, *d, skip_fraction=0.2), moe_args(37, 128, 64, 4, 2, *d),
                 moe_args(150, 97, 40, 2, 2, *d), moe_args(20, 128, 96, 8, 2, *d, skip_fraction=0.2),
-                moe_args(75, 128, 96, 4, 2, *d)]
+                moe_args(75, 128, 96, 4, 2, *d), moe_args(3, 128, 64, 8, 2, *d, tiled=True),
+                moe_args(20, 128, 96, 8, 2, *d, skip_fraction=0.2, tiled=True), moe_args(75, 128, 96, 4, 2, *d, tiled=True)]
     if op == "paged_decode_attention":
         # query groups of 4, 1, 6 (two register tiles of heads) and 3, over head sizes with and without
         # the register-held value sums (64 and 128; 72)

@@ -59,8 +59,15 @@ def topk_gating(logits, k, renormalize):
     return _for("topk_gating", logits)(logits, k, renormalize)
 
 
-def moe_experts(x, w13, w2, topk_weights, topk_ids):
-    return _for("moe_experts", x)(x, w13, w2, topk_weights, topk_ids)
+def moe_experts(x, w13, w2, topk_weights, topk_ids, tiled=False):
+    """`tiled`: w13 and w2 are in the tiled layout (tideflow_kernels.tiles); every implementation reads both."""
+    return _for("moe_experts", x)(x, w13, w2, topk_weights, topk_ids, tiled)
+
+
+def expert_tiles_fit(w13, w2) -> bool:
+    """Whether the moe_experts routed for these weights reads them fastest tiled (a CPU build with AMX, bf16)."""
+    fits = getattr(_compiled["moe_experts"].get(w13.device.type), "tiles_fit", None)
+    return fits is not None and fits(w13, w2)
 
 
 def paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale):

@@ -9,6 +9,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from tideflow_kernels.tiles import from_tiles
+
 
 def rms_norm(
     x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
@@ -65,13 +67,17 @@ def moe_experts(
     w2: torch.Tensor,
     topk_weights: torch.Tensor,
     topk_ids: torch.Tensor,
+    tiled: bool = False,
 ) -> torch.Tensor:
     """SwiGLU experts as a grouped GEMM over tokens sorted by expert.
 
     x: [T, H]; w13: [E, 2I, H] (gate rows then up rows); w2: [E, H, I];
     topk_weights: [T, k]; topk_ids: [T, k] indexing w13's first dim. Ids < 0 are skipped
-    (their expert lives on another rank). Returns sum_k weight * expert(x) as [T, H].
+    (their expert lives on another rank). `tiled`: the weights are in the tiled layout
+    (tideflow_kernels.tiles). Returns sum_k weight * expert(x) as [T, H].
     """
+    if tiled:
+        w13, w2 = from_tiles(w13), from_tiles(w2)
     T, H = x.shape
     k = topk_ids.shape[1]
     inter = w2.shape[2]

@@ -65,6 +65,10 @@ def load_model(
     unused = tensors.unused(skip_experts=expert_ids is not None)
     if unused:
         log.warning("checkpoint %s has %d tensors tideflow does not use, e.g. %s", model_dir, len(unused), unused[0])
+    # the layout the kernels routed now read fastest: serving routes them before it loads the model
+    tiled = [moe.experts.use_tiles() for moe in model.moe_layers()]
+    if any(tiled):
+        log.info("expert weights kept in the tiled layout the routed moe_experts streams fastest")
     return model.eval()
 
 

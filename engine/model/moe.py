@@ -10,6 +10,7 @@ from torch import nn
 
 from engine.model.config import ModelConfig
 from tideflow_kernels import ops
+from tideflow_kernels.tiles import to_tiles
 
 # (x, topk_weights, topk_ids, compute_local) -> combined expert output. The default runs every
 # expert locally; expert parallelism installs one that dispatches tokens to the ranks holding them.
@@ -34,7 +35,8 @@ class Experts(nn.Module):
     """The routed experts this rank holds, as stacked weights for a grouped GEMM.
 
     `local_of[logical]` is the slot of a logical expert in w13/w2, or -1 when another rank
-    holds it; one process holding all experts has local_of == arange(E).
+    holds it; one process holding all experts has local_of == arange(E). `tiled`: w13 and w2 are in
+    the tiled layout of tideflow_kernels.tiles (use_tiles), each expert's slot still its own bytes.
     """
 
     def __init__(self, num_experts: int, hidden: int, inter: int, dtype: torch.dtype, local: list[int] | None = None) -> None:
@@ -46,9 +48,24 @@ class Experts(nn.Module):
         local_of[torch.tensor(local, dtype=torch.int64)] = torch.arange(len(local))
         self.register_buffer("local_of", local_of, persistent=False)
         self.local_experts = list(local)
+        self.tiled = False
+
+    def use_tiles(self) -> bool:
+        """Keep the weights in the tiled layout when the routed kernel reads them fastest that way (bf16 on a
+        CPU build with AMX tiles); True when they are tiled. The ops read either layout, so a later switch of
+        kernels (back to the reference, say) still computes the same experts."""
+        if not self.tiled and ops.expert_tiles_fit(self.w13, self.w2):
+            self.w13 = nn.Parameter(to_tiles(self.w13.data), requires_grad=False)
+            self.w2 = nn.Parameter(to_tiles(self.w2.data), requires_grad=False)
+            self.tiled = True
+        return self.tiled
 
     def forward(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
-        return ops.moe_experts(x, self.w13, self.w2, topk_weights, self.local_of[topk_ids])
+        return self.run(x, topk_weights, self.local_of[topk_ids])
+
+    def run(self, x: torch.Tensor, topk_weights: torch.Tensor, local_ids: torch.Tensor) -> torch.Tensor:
+        """The experts at their local slots (-1: skipped, another rank holds it)."""
+        return ops.moe_experts(x, self.w13, self.w2, topk_weights, local_ids, self.tiled)
 
 
 class SparseMoE(nn.Module):

@@ -14,7 +14,6 @@ import torch
 import torch.distributed as dist
 
 from engine.model.moe import Experts
-from tideflow_kernels import ops
 
 ExchangeKind = Literal["alltoall", "p2p", "allgather"]
 
@@ -121,7 +120,7 @@ class ExpertDispatch:
         rx = from_bytes(inbox[:, :hb], x.dtype)
         rw = from_bytes(inbox[:, hb : hb + 4 * k], torch.float32)
         rid = from_bytes(inbox[:, hb + 4 * k :], torch.int32).long()
-        y = ops.moe_experts(rx, experts.w13, experts.w2, rw.to(x.dtype), rid)
+        y = experts.run(rx, rw.to(x.dtype), rid)
         replies = list(as_bytes(y).split(counts[:, ex.rank].tolist()))
         back = ex.exchange(replies, counts.t().contiguous())
         out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)

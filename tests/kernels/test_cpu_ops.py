@@ -2,14 +2,23 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
 from tideflow_kernels import cases, reference
 from tideflow_kernels.errors import KernelInputError
+from tideflow_kernels.tiles import to_tiles
 
 DTYPES = [torch.float32, torch.bfloat16]
 ids = lambda dt: str(dt).removeprefix("torch.")  # noqa: E731
+
+
+def cpu_has_amx() -> bool:
+    """The host's own word (the kernel build compiles for -march=native)."""
+    flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    return " amx_bf16" in flags and " amx_tile" in flags
 
 
 def assert_close(op, impl, args):
@@ -69,6 +78,28 @@ def test_moe_experts(cpu_build, dtype, tokens, hidden, inter, experts, k, skip):
     out = assert_close("moe_experts", cpu_build[1]["moe_experts"], args)
     if skip == 1.0:  # every expert on another rank: nothing to add
         assert torch.count_nonzero(out) == 0
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=ids)
+@pytest.mark.parametrize("tokens,experts", [(1, 8), (2, 4), (20, 8), (75, 4)])
+def test_moe_experts_on_tiled_weights(cpu_build, dtype, tokens, experts):
+    """Tiled weights give the experts of the same weights row-major: on the AMX tiles (bf16 on an AMX host,
+    single tokens included) and through a row-major copy where the tiles cannot run them."""
+    x, w13, w2, weights, chosen = cases.moe_args(tokens, 128, 96, experts, 2, dtype, "cpu")
+    fn = cpu_build[1]["moe_experts"]
+    tiled = fn(x, to_tiles(w13), to_tiles(w2), weights, chosen, True)
+    err = cases.relative_error("moe_experts", tiled, reference.moe_experts(x, w13, w2, weights, chosen))
+    assert err <= cases.tolerance("moe_experts", dtype), f"relative error {err:.3g}"
+    with pytest.raises(RuntimeError, match="multiples of 32"):
+        fn(x[:, :100], w13[:, :, :100], w2[:, :100], weights, chosen, True)
+
+
+def test_tiles_fit_only_bf16_weights_of_tile_shapes(cpu_build):
+    fits = cpu_build[1]["moe_experts"].tiles_fit
+    w13, w2 = torch.zeros(2, 192, 128, dtype=torch.bfloat16), torch.zeros(2, 128, 96, dtype=torch.bfloat16)
+    assert not fits(w13.float(), w2.float())
+    assert not fits(torch.zeros(2, 192, 96, dtype=torch.bfloat16), torch.zeros(2, 96, 96, dtype=torch.bfloat16))
+    assert fits(w13, w2) == cpu_has_amx()
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=ids)

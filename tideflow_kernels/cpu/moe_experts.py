@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import torch
+
 from tideflow_kernels.guard import expect
 
 
 def make(lib):
     op = lib.moe_experts
 
-    def moe_experts(x, w13, w2, topk_weights, topk_ids):
+    def moe_experts(x, w13, w2, topk_weights, topk_ids, tiled=False):
         expect("moe_experts", "cpu", {"x": x, "w13": w13, "w2": w2}, {"topk_weights": topk_weights, "topk_ids": topk_ids})
-        return op(x, w13, w2, topk_weights, topk_ids)
+        return op(x, w13, w2, topk_weights, topk_ids, tiled)
 
+    def tiles_fit(w13, w2) -> bool:
+        """Whether this build reads these weights on AMX tiles, so the tiled layout is the fast one."""
+        return w13.dtype == torch.bfloat16 and lib.moe_tiles_fit(w13.shape[2], w2.shape[2])
+
+    moe_experts.tiles_fit = tiles_fit
     return moe_experts

@@ -7,11 +7,14 @@ import torch
 from tideflow_kernels.cuda.library import check, dtype_code, stream
 from tideflow_kernels.errors import KernelInputError
 from tideflow_kernels.guard import expect
+from tideflow_kernels.tiles import from_tiles
 
 
 def make(lib):
-    def moe_experts(x, w13, w2, topk_weights, topk_ids):
+    def moe_experts(x, w13, w2, topk_weights, topk_ids, tiled=False):
         expect("moe_experts", "cuda", {"x": x, "w13": w13, "w2": w2}, {"topk_weights": topk_weights, "topk_ids": topk_ids})
+        if tiled:  # the CPU tiles' layout: this kernel reads rows (the engine tiles only for the CPU build)
+            w13, w2 = from_tiles(w13), from_tiles(w2)
         if not x.dtype == w13.dtype == w2.dtype:
             raise KernelInputError(f"moe_experts: x, w13 and w2 must share a dtype, got {x.dtype}, {w13.dtype}, {w2.dtype}")
         x, w13, w2 = x.contiguous(), w13.contiguous(), w2.contiguous()

@@ -1,10 +1,15 @@
 // AMX tile products for bf16 weight rows against a few tokens (decode-sized expert groups).
 //
 // TDPBF16PS multiplies an A tile (16 rows x 32 bf16) by a B tile whose rows hold *pairs* of bf16 per
-// column (the VNNI layout). The weights go in as A, read in place from their row-major [rows, K]
-// storage (a tile load takes a row stride), and the tokens go in as B. B's layout for a token is its
-// row viewed as K/2 32-bit pairs, so packing the tokens is a 32-bit transpose of a few rows: no copy
-// of the weights is kept in another layout, and the product C[row][token] comes out in fp32.
+// column (the VNNI layout). The weights go in as A and the tokens as B. B's layout for a token is its
+// row viewed as K/2 32-bit pairs, so packing the tokens is a 32-bit transpose of a few rows; the
+// product C[row][token] comes out in fp32.
+//
+// The weights are read in one of two layouts (Layout): row-major [rows, K], a tile load taking 16 rows
+// 2K bytes apart, or tiled ([rows/16][K/32][16][32], tideflow_kernels/tiles.py), each tile one
+// contiguous 1 KB and a block of 16 rows one linear stream. Streaming weights is what bounds these
+// products; on a 2-core AMX host a stand-alone loop over 8 layers of experts read 22-24 GB/s row-major
+// and 30-31 GB/s tiled (software prefetch of the row-major rows did not close the gap: 20-26 GB/s).
 //
 // Linux grants a process the AMX tile state only on request (arch_prctl ARCH_REQ_XCOMP_PERM);
 // available() asks once and says whether the tiles may be used. Each thread loads the tile
@@ -61,24 +66,33 @@ inline void pack_tokens(const uint16_t* const* rows, int n, int64_t K, uint32_t*
   }
 }
 
-// c[b*16 + i][t] = dot(row i of block b, token t) for 4 blocks of 16 weight rows (row stride ld
-// elements) against the packed tokens; c is [64, kTokens] fp32. Needs configure() on this thread.
-inline void rows_by_tokens(const uint16_t* const (&blocks)[4], int64_t ld, const uint32_t* packed, int64_t K,
-                           float* c) {
+enum class Layout { kRows, kTiled };
+
+// Where the weight block starting at row r of a [rows, K] matrix begins: the same offset (r * K) in both
+// layouts, since a tiled block of 16 rows holds K/32 tiles of 512 elements.
+inline const uint16_t* block_at(const uint16_t* w, int64_t r, int64_t K) { return w + r * K; }
+
+// c[b*16 + i][t] = dot(row i of block b, token t) for 4 blocks of 16 weight rows of a [rows, K] matrix
+// in layout L (block_at) against the packed tokens; c is [64, kTokens] fp32. Needs configure() on this
+// thread.
+template <Layout L>
+inline void rows_by_tokens(const uint16_t* const (&blocks)[4], const uint32_t* packed, int64_t K, float* c) {
   _tile_zero(0);
   _tile_zero(1);
   _tile_zero(2);
   _tile_zero(3);
-  const int64_t stride = ld * 2;
+  // row-major: tile k starts k elements into the block, rows 2K bytes apart; tiled: 16 * k, rows 64 apart
+  constexpr int64_t step = L == Layout::kTiled ? kTileRows : 1;
+  const int64_t stride = L == Layout::kTiled ? kTileK * 2 : K * 2;
   for (int64_t k = 0; k < K; k += kTileK) {
     _tile_loadd(6, packed + (k / 2) * kTokens, kTokens * 4);
-    _tile_loadd(4, blocks[0] + k, stride);
+    _tile_loadd(4, blocks[0] + k * step, stride);
     _tile_dpbf16ps(0, 4, 6);
-    _tile_loadd(5, blocks[1] + k, stride);
+    _tile_loadd(5, blocks[1] + k * step, stride);
     _tile_dpbf16ps(1, 5, 6);
-    _tile_loadd(4, blocks[2] + k, stride);
+    _tile_loadd(4, blocks[2] + k * step, stride);
     _tile_dpbf16ps(2, 4, 6);
-    _tile_loadd(5, blocks[3] + k, stride);
+    _tile_loadd(5, blocks[3] + k * step, stride);
     _tile_dpbf16ps(3, 5, 6);
   }
   _tile_stored(0, c, kTokens * 4);

@@ -3,7 +3,8 @@
 // fused_group_max<T>() tokens (decode, small prefills) use register-tiled dot products that stream each
 // weight row once for the whole group; larger groups (prefill) call at::mm on the gathered rows. On a
 // host with AMX, bf16 groups of the sizes amx_takes() run on AMX tiles instead, in one parallel region
-// for all of them (experts_amx).
+// for all of them (experts_amx). Weights in the tiled layout (`tiled`, amx_tiles.h) run every group on
+// the tiles; where the tiles cannot run them (fp32, no AMX) they are read through a row-major copy.
 #pragma once
 #include <type_traits>
 #include <vector>
@@ -123,7 +124,8 @@ constexpr size_t kAmxChunksPerRegion = 64;
 //   hot by each of its chunks;
 // - down: the threads split the output columns (64 at a time), each going over every chunk, so a token
 //   routed to several experts has each of its columns written by one thread only.
-inline void experts_amx(const uint16_t* x, const uint16_t* w13, const uint16_t* w2,
+template <amx::Layout L>
+void experts_amx(const uint16_t* x, const uint16_t* w13, const uint16_t* w2,
                         const std::vector<AmxChunk>& all, int64_t hidden, int64_t inter, float* out) {
   constexpr int kCols = amx::kTokens;
   const int64_t x_size = hidden / 2 * kCols, act_size = inter / 2 * kCols;
@@ -161,9 +163,9 @@ inline void experts_amx(const uint16_t* x, const uint16_t* w13, const uint16_t* 
       for (size_t i = 0; i < items.size(); ++i) {
         const auto [c, j] = items[i];
         const uint16_t* we = w13 + chunks[c].expert * 2 * inter * hidden;
-        const uint16_t* blocks[4] = {we + j * hidden, we + (j + 16) * hidden, we + (inter + j) * hidden,
-                                     we + (inter + j + 16) * hidden};
-        amx::rows_by_tokens(blocks, hidden, x_packed.data() + c * x_size, hidden, tile);
+        const uint16_t* blocks[4] = {amx::block_at(we, j, hidden), amx::block_at(we, j + 16, hidden),
+                                     amx::block_at(we, inter + j, hidden), amx::block_at(we, inter + j + 16, hidden)};
+        amx::rows_by_tokens<L>(blocks, x_packed.data() + c * x_size, hidden, tile);
         uint32_t* act = act_packed.data() + c * act_size + (j / 2) * kCols;  // rows j+2m, j+2m+1: pair m
         for (int m = 0; m < 16; ++m) {
           const __m512i lo = swiglu_bf16(tile + 2 * m * kCols, tile + (32 + 2 * m) * kCols);
@@ -176,9 +178,9 @@ inline void experts_amx(const uint16_t* x, const uint16_t* w13, const uint16_t* 
         const int64_t h = hb * 64;
         for (int64_t c = 0; c < count; ++c) {
           const uint16_t* we = w2 + chunks[c].expert * hidden * inter;
-          const uint16_t* blocks[4] = {we + h * inter, we + (h + 16) * inter, we + (h + 32) * inter,
-                                       we + (h + 48) * inter};
-          amx::rows_by_tokens(blocks, inter, act_packed.data() + c * act_size, inter, tile);
+          const uint16_t* blocks[4] = {amx::block_at(we, h, inter), amx::block_at(we, h + 16, inter),
+                                       amx::block_at(we, h + 32, inter), amx::block_at(we, h + 48, inter)};
+          amx::rows_by_tokens<L>(blocks, act_packed.data() + c * act_size, inter, tile);
           for (int t = 0; t < chunks[c].nt; ++t) {  // token t's 64 outputs: column t of the tiles, 16 rows a gather
             float* o = out + chunks[c].toks[t] * hidden + h;
             const __m512 w = _mm512_set1_ps(chunks[c].gate_w[t]);
@@ -225,9 +227,27 @@ void expert_mm(const at::Tensor& x, const at::Tensor& w13e, const at::Tensor& w2
   }
 }
 
+// Whether bf16 experts of these sizes run on the AMX tiles in this build and on this host, so that the
+// tiled layout is the one to keep them in.
+inline bool moe_tiles_fit(int64_t hidden, int64_t inter) {
+#if defined(__AMX_BF16__) && defined(__AMX_TILE__)
+  return amx_fits(hidden, inter);
+#else
+  (void)hidden;
+  (void)inter;
+  return false;
+#endif
+}
+
+// [E, R, K] in the tiled layout ([E][R/16][K/32][16][32]) -> the same weights row-major.
+inline at::Tensor untile(const at::Tensor& w) {
+  const int64_t E = w.size(0), R = w.size(1), K = w.size(2);
+  return w.view({E, R / 16, K / 32, 16, 32}).permute({0, 1, 3, 2, 4}).reshape({E, R, K});
+}
+
 inline at::Tensor moe_experts(const at::Tensor& x_in, const at::Tensor& w13_in,
                               const at::Tensor& w2_in, const at::Tensor& topk_weights,
-                              const at::Tensor& topk_ids) {
+                              const at::Tensor& topk_ids, bool tiled) {
   TORCH_CHECK(x_in.dim() == 2 && w13_in.dim() == 3 && w2_in.dim() == 3,
               "moe_experts: expected x [T, H], w13 [E, 2I, H], w2 [E, H, I]");
   auto x = x_in.contiguous();
@@ -240,6 +260,16 @@ inline at::Tensor moe_experts(const at::Tensor& x_in, const at::Tensor& w13_in,
               " do not match hidden ", hidden);
   TORCH_CHECK(x.scalar_type() == w13.scalar_type() && x.scalar_type() == w2.scalar_type(),
               "moe_experts: x and weights must share a dtype");
+  TORCH_CHECK(!tiled || (hidden % 32 == 0 && inter % 32 == 0),
+              "moe_experts: tiled weights need hidden and inter multiples of 32, got ", hidden, ", ", inter);
+  bool tiles_run = false;  // tiled weights the AMX tiles read as they are
+#if defined(__AMX_BF16__) && defined(__AMX_TILE__)
+  tiles_run = tiled && x.scalar_type() == at::kBFloat16 && amx_fits(hidden, inter);
+#endif
+  if (tiled && !tiles_run) {
+    w13 = untile(w13);
+    w2 = untile(w2);
+  }
   auto ids = topk_ids.to(at::kLong).contiguous();
   auto tw = topk_weights.to(at::kFloat).contiguous();
   const int64_t* idp = ids.data_ptr<int64_t>();
@@ -268,7 +298,7 @@ inline at::Tensor moe_experts(const at::Tensor& x_in, const at::Tensor& w13_in,
     using T = decltype(tag);
     std::vector<T> act(std::min(fused_group_max<T>(), tokens) * inter);
 #if defined(__AMX_BF16__) && defined(__AMX_TILE__)
-    const bool amx_ok = std::is_same_v<T, uint16_t> && amx_fits(hidden, inter);
+    const bool amx_ok = std::is_same_v<T, uint16_t> && amx_fits(hidden, inter);  // tiles_run implies it
     std::vector<AmxChunk> amx_chunks;  // the groups the tiles take, cut in 16-token chunks, expert by expert
 #endif
     for (int64_t e = 0; e < experts; ++e) {
@@ -277,7 +307,7 @@ inline at::Tensor moe_experts(const at::Tensor& x_in, const at::Tensor& w13_in,
       const int64_t s = offsets[e];
 #if defined(__AMX_BF16__) && defined(__AMX_TILE__)
       if constexpr (std::is_same_v<T, uint16_t>) {
-        if (amx_ok && amx_takes(n)) {
+        if (amx_ok && (tiles_run || amx_takes(n))) {
           for (int64_t t0 = 0; t0 < n; t0 += amx::kTokens)
             amx_chunks.push_back({e, sorted_tok.data() + s + t0, sorted_w.data() + s + t0,
                                   int(std::min<int64_t>(amx::kTokens, n - t0))});
@@ -297,7 +327,12 @@ inline at::Tensor moe_experts(const at::Tensor& x_in, const at::Tensor& w13_in,
     }
 #if defined(__AMX_BF16__) && defined(__AMX_TILE__)
     if constexpr (std::is_same_v<T, uint16_t>) {
-      if (!amx_chunks.empty()) experts_amx(cptr<T>(x), cptr<T>(w13), cptr<T>(w2), amx_chunks, hidden, inter, out);
+      if (!amx_chunks.empty()) {
+        if (tiles_run)
+          experts_amx<amx::Layout::kTiled>(cptr<T>(x), cptr<T>(w13), cptr<T>(w2), amx_chunks, hidden, inter, out);
+        else
+          experts_amx<amx::Layout::kRows>(cptr<T>(x), cptr<T>(w13), cptr<T>(w2), amx_chunks, hidden, inter, out);
+      }
     }
 #endif
   });

@@ -22,8 +22,9 @@ TIDEFLOW_LIBRARY(TIDEFLOW_NS, m) {
         &tideflow::rotary_embedding);
   m.def("topk_gating(Tensor logits, int k, bool renormalize) -> (Tensor, Tensor)",
         &tideflow::topk_gating);
-  m.def("moe_experts(Tensor x, Tensor w13, Tensor w2, Tensor topk_weights, Tensor topk_ids) -> Tensor",
+  m.def("moe_experts(Tensor x, Tensor w13, Tensor w2, Tensor topk_weights, Tensor topk_ids, bool tiled) -> Tensor",
         &tideflow::moe_experts);
+  m.def("moe_tiles_fit(int hidden, int inter) -> bool", &tideflow::moe_tiles_fit);
   m.def("paged_decode_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, "
         "Tensor context_lens, float scale) -> Tensor",
         &tideflow::paged_decode_attention);

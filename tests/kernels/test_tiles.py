@@ -1,0 +1,64 @@
+"""The tiled layout of expert weights: each 16x32 tile contiguous, each expert's slot its own bytes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.default_model import DEFAULT_CONFIG, write_default_model
+from engine.model import load_model
+from engine.model.paged import AttentionMetadata, allocate_kv_cache
+from tests.kernels.test_cpu_ops import cpu_has_amx
+from tideflow_kernels import cases, ops, reference
+from tideflow_kernels.tiles import from_tiles, to_tiles
+
+
+def test_every_tile_is_one_contiguous_block_in_row_then_column_order():
+    w = torch.arange(2 * 32 * 64, dtype=torch.float32).reshape(2, 32, 64)
+    tiled = to_tiles(w)
+    assert tiled.shape == w.shape
+    flat = tiled[1].reshape(-1)
+    # expert 1, row block 1 (rows 16-31), column block 1 (columns 32-63): the 4th tile of the expert
+    assert torch.equal(flat[3 * 512 : 4 * 512], w[1, 16:32, 32:64].reshape(-1))
+    assert torch.equal(tiled[0], to_tiles(w[:1])[0])  # an expert's tiles depend on its own rows only
+    assert torch.equal(from_tiles(tiled), w)
+
+
+def test_shapes_that_do_not_tile_are_refused():
+    with pytest.raises(ValueError, match="R % 16 == 0 and K % 32 == 0"):
+        to_tiles(torch.zeros(1, 24, 64))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_reference_reads_tiled_weights(dtype):
+    x, w13, w2, weights, ids = cases.moe_args(9, 64, 32, 4, 2, dtype, "cpu")
+    want = reference.moe_experts(x, w13, w2, weights, ids)
+    assert torch.equal(reference.moe_experts(x, to_tiles(w13), to_tiles(w2), weights, ids, tiled=True), want)
+    assert not torch.equal(reference.moe_experts(x, to_tiles(w13), to_tiles(w2), weights, ids), want)
+
+
+def test_a_bf16_model_loaded_under_the_cpu_build_keeps_its_experts_tiled_and_computes_the_same(cpu_build, tmp_path):
+    """load_model tiles the experts when the routed kernel reads them fastest that way (bf16 on an AMX host);
+    the logits then match the row-major model's, and switching back to the reference ops still computes the
+    same experts from the tiled weights."""
+    config = DEFAULT_CONFIG.model_copy(update=dict(num_layers=2, hidden_size=128, intermediate_size=192,
+                                                   moe_intermediate_size=96, num_heads=4, num_kv_heads=2, head_dim=32,
+                                                   vocab_size=512))
+    model_dir = write_default_model(tmp_path / "model", config, seed=3)
+    ids = torch.randint(0, 512, (40,), generator=torch.Generator().manual_seed(0))
+    plain = load_model(model_dir, "bfloat16")  # reference ops routed (the conftest's default)
+    assert not plain.moe_layers()[0].experts.tiled
+    want = logits(plain, ids)
+    ops.use_compiled("moe_experts", cpu_build[1]["moe_experts"])
+    model = load_model(model_dir, "bfloat16")
+    assert [m.experts.tiled for m in model.moe_layers()] == [cpu_has_amx()] * 2
+    got = logits(model, ids)
+    assert (got - want).abs().max() <= 0.05 * want.abs().max()
+    ops.use_reference()
+    assert torch.equal(logits(model, ids), want)
+
+
+def logits(model, ids: torch.Tensor) -> torch.Tensor:
+    kv = allocate_kv_cache(model.config, num_blocks=-(-len(ids) // 16), block_size=16)
+    meta = AttentionMetadata.build([len(ids)], [len(ids)], [list(range(len(kv[0][0])))], 16)
+    return model.logits(model(ids, torch.arange(len(ids)), kv, meta)).float()
