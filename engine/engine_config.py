@@ -25,6 +25,11 @@ class EngineKnobs(BaseModel):
         description="shuttle window: how long arrivals gather before departing together; 0 dispatches at once "
         "(2 ms won the window sweep of benchmarks/serving.py)",
     )
+    lone_arrival_ms: float = Field(
+        20.0, ge=0.0, le=60_000.0,
+        description="an arrival with no other in the last this many ms departs without waiting out the shuttle window "
+        "(nobody is likely to join it); arrivals closer together still gather; 0: every window waits max_wait_ms",
+    )
     max_queue: int = Field(256, ge=0, description="requests allowed to wait for admission; beyond it requests get 429")
     enable_prefix_cache: bool = Field(True, description="reuse KV blocks of shared prompt prefixes")
 

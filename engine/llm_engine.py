@@ -150,7 +150,8 @@ class LLMEngine:
         self.runner = runner if runner is not None else ModelRunner(model, num_blocks, config.block_size)
         self.lockstep = bool(getattr(self.runner, "lockstep", False))
         self.allocator = BlockAllocator(num_blocks, config.block_size, config.enable_prefix_cache)
-        self.scheduler = Scheduler(self.allocator, config.max_num_seqs, config.max_batch_tokens, config.max_wait_ms / 1000)
+        self.scheduler = Scheduler(self.allocator, config.max_num_seqs, config.max_batch_tokens, config.max_wait_ms / 1000,
+                                   config.lone_arrival_ms / 1000 if config.lone_arrival_ms else None)
         self.eos_ids = tuple(set(mc.eos_ids) | set(tokenizer.eos_ids))
         self.max_model_len = min(mc.context_length, num_blocks * config.block_size)
         self.ready = False

@@ -48,12 +48,13 @@ class Scheduler:
     """Single-threaded: the engine loop is its only caller."""
 
     def __init__(
-        self, allocator: BlockAllocator, max_num_seqs: int, max_batch_tokens: int, max_wait_s: float
+        self, allocator: BlockAllocator, max_num_seqs: int, max_batch_tokens: int, max_wait_s: float,
+        lone_after_s: float | None = None,
     ) -> None:
         self.allocator = allocator
         self.max_num_seqs = max_num_seqs
         self.max_batch_tokens = max_batch_tokens
-        self.shuttle = ShuttleWindow(max_wait_s, max_batch_tokens, max_num_seqs)
+        self.shuttle = ShuttleWindow(max_wait_s, max_batch_tokens, max_num_seqs, lone_after_s)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # oldest arrival first
         self.prefix_stats = PrefixStats()

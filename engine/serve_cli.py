@@ -33,6 +33,8 @@ def add_commands(subparsers) -> None:
     budget.add_argument("--kv-cache-fraction", type=float)
     p.add_argument("--block-size", type=int)
     p.add_argument("--max-wait-ms", type=float, help="shuttle window; 0 dispatches arrivals at once")
+    p.add_argument("--lone-arrival-ms", type=float,
+                   help="an arrival with no other in the last this many ms skips the window (0: every window waits)")
     p.add_argument("--max-queue", type=int)
     p.add_argument("--no-prefix-cache", action="store_true", help="do not reuse KV blocks of shared prompt prefixes")
     p.add_argument("--max-body-bytes", type=int, default=8 << 20, help="largest request body accepted (413 above)")
@@ -65,7 +67,7 @@ def engine_config(args: argparse.Namespace):
     from engine.engine_config import EngineConfig
 
     names = ("max_num_seqs", "max_batch_tokens", "kv_cache_bytes", "kv_cache_fraction", "block_size", "max_wait_ms",
-             "max_queue", "dtype", "device")
+             "lone_arrival_ms", "max_queue", "dtype", "device")
     given = {n: getattr(args, n) for n in names if getattr(args, n) is not None}
     if args.no_prefix_cache:
         given["enable_prefix_cache"] = False

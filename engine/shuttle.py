@@ -3,6 +3,10 @@
 A departure leaves when the window (`max_wait_s`, counted from its first passenger) closes or
 when it is full (token or sequence budget), whichever comes first. Prefilling a burst together
 costs one weight pass instead of one per arrival; a window of 0 dispatches every arrival at once.
+
+The window is worth its wait only when companions are likely: a lone arrival (none other in the last
+`lone_after_s`) departs at once instead of paying the whole window in time to first token for nobody.
+Arrivals that come close together still gather: the second of a burst opens a window that waits.
 """
 
 from __future__ import annotations
@@ -11,12 +15,15 @@ from engine.sequence import Sequence
 
 
 class ShuttleWindow:
-    def __init__(self, max_wait_s: float, max_tokens: int, max_seqs: int) -> None:
+    def __init__(self, max_wait_s: float, max_tokens: int, max_seqs: int, lone_after_s: float | None = None) -> None:
         self.max_wait_s = max_wait_s
         self.max_tokens = max_tokens
         self.max_seqs = max_seqs
+        self.lone_after_s = lone_after_s  # None: every window waits max_wait_s
         self.passengers: list[Sequence] = []
         self.opened_at: float | None = None
+        self.wait_s = max_wait_s  # of the open window: max_wait_s, or 0 for a lone first passenger
+        self.last_arrival: float | None = None
         self.tokens = 0
 
     def __len__(self) -> int:
@@ -25,8 +32,16 @@ class ShuttleWindow:
     def board(self, seq: Sequence, now: float) -> None:
         if not self.passengers:
             self.opened_at = now
+            self.wait_s = 0.0 if self._lone(now) else self.max_wait_s
         self.passengers.append(seq)
         self.tokens += seq.num_tokens
+        self.last_arrival = now if self.last_arrival is None else max(self.last_arrival, now)
+
+    def _lone(self, now: float) -> bool:
+        """No other arrival in the last lone_after_s (or none yet): nobody is likely to join this one."""
+        if self.lone_after_s is None:
+            return False
+        return self.last_arrival is None or now - self.last_arrival > self.lone_after_s
 
     @property
     def full(self) -> bool:
@@ -35,7 +50,7 @@ class ShuttleWindow:
     @property
     def closes_at(self) -> float | None:
         """When the open window departs by time, or None while it is empty."""
-        return None if self.opened_at is None else self.opened_at + self.max_wait_s
+        return None if self.opened_at is None else self.opened_at + self.wait_s
 
     def due(self, now: float) -> bool:
         return bool(self.passengers) and (self.full or now >= self.closes_at)

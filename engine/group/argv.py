@@ -22,6 +22,8 @@ def serve_argv(group: InferenceGroup, spec: RoleSpec, *, model: str, host: str, 
         "--max-queue", str(e.max_queue),
         "--threads", str(spec.resources.threads),
     ]
+    if e.lone_arrival_ms != type(e).model_fields["lone_arrival_ms"].default:  # the default goes without saying
+        args += ["--lone-arrival-ms", str(e.lone_arrival_ms)]
     if not e.enable_prefix_cache:
         args.append("--no-prefix-cache")
     if e.kv_cache_bytes is not None:

@@ -109,7 +109,7 @@ def test_a_request_that_waited_out_the_window_in_the_inbox_departs_at_the_next_l
     """The engine boards a request with its arrival time: one that came while a step ran has waited that
     long already, so the next step takes it (boarded at the look instead, it would miss that step)."""
     model, tok = tiny
-    engine = LLMEngine(model, tok, EngineConfig(kv_cache_bytes=1 << 20, max_wait_ms=20))  # not started: we step
+    engine = LLMEngine(model, tok, EngineConfig(kv_cache_bytes=1 << 20, max_wait_ms=20, lone_arrival_ms=0))  # we step
     engine.submit([5, 6, 7], SamplingParams(max_tokens=1), lambda out: None)
     arrived = engine._adds[0].seq.arrival
     while time.monotonic() < arrived + 0.021:  # the window's time passes while "a step runs"
@@ -117,6 +117,19 @@ def test_a_request_that_waited_out_the_window_in_the_inbox_departs_at_the_next_l
     engine._drain_inbox()
     plan = engine.scheduler.schedule(time.monotonic())
     assert plan.departed == 1 and [i.seq.prompt_tokens for i in plan.batch] == [[5, 6, 7]]
+
+
+def test_a_lone_arrival_skips_the_window_and_the_engine_wires_the_rule_from_its_config(tiny):
+    model, tok = tiny
+    engine = LLMEngine(model, tok, EngineConfig(kv_cache_bytes=1 << 20, max_wait_ms=50))  # lone_arrival_ms: 20
+    engine.submit([5, 6, 7], SamplingParams(max_tokens=1), lambda out: None)
+    engine._drain_inbox()
+    plan = engine.scheduler.schedule(time.monotonic())  # well inside its 50 ms window: it left alone, at once
+    assert plan.departed == 1
+    quiet = LLMEngine(model, tok, EngineConfig(kv_cache_bytes=1 << 20, max_wait_ms=50, lone_arrival_ms=0))
+    quiet.submit([5, 6, 7], SamplingParams(max_tokens=1), lambda out: None)
+    quiet._drain_inbox()
+    assert quiet.scheduler.schedule(time.monotonic()).departed == 0  # the rule off: it waits its window
 
 
 def test_cancellation_frees_blocks_wherever_the_request_is():

@@ -48,3 +48,22 @@ def test_a_cancelled_passenger_leaves_before_departure():
     assert w.tokens == 3 and [s.request_id for s in w.passengers] == ["b"]
     w.remove("b")
     assert w.closes_at is None and not w.due(9.0)
+
+
+def test_a_lone_arrival_departs_at_once_and_arrivals_close_together_gather():
+    w = ShuttleWindow(max_wait_s=0.010, max_tokens=1000, max_seqs=10, lone_after_s=0.050)
+    w.board(seq(5, "first"), now=1.000)  # nothing came before it
+    assert w.due(1.000) and w.closes_at == 1.000
+    w.depart()
+    w.board(seq(5, "a"), now=1.030)  # 30 ms after the last arrival: companions are likely, the window waits
+    w.board(seq(5, "b"), now=1.035)
+    assert not w.due(1.039) and w.closes_at == 1.040
+    assert [s.request_id for s in w.depart()] == ["a", "b"]
+    w.board(seq(5, "late"), now=1.100)  # 65 ms of quiet since "b": alone again
+    assert w.due(1.100)
+
+
+def test_without_the_lone_rule_every_window_waits():
+    w = ShuttleWindow(max_wait_s=0.010, max_tokens=1000, max_seqs=10)
+    w.board(seq(5, "first"), now=1.000)
+    assert not w.due(1.009) and w.closes_at == 1.010

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 import pytest
@@ -9,6 +10,7 @@ from pydantic import ValidationError
 
 from engine.group.argv import serve_argv
 from engine.group.spec import GroupSpecError, InferenceGroup, Member
+from engine.serve_cli import add_commands, engine_config
 
 GROUPS = Path(__file__).resolve().parents[3] / "deployments" / "groups"
 
@@ -188,3 +190,14 @@ def test_a_member_computes_on_its_cpu_share_rounded_up(cpu, threads):
     assert spec.resources.threads == threads
     argv = serve_argv(group, spec, model="/m", host="127.0.0.1", port=1, served_name="m")
     assert argv[argv.index("--threads") + 1] == str(threads), "both backends start the member with its share"
+
+
+@pytest.mark.parametrize("lone_ms", [None, 0.0, 5.0])
+def test_a_member_is_started_with_the_group_s_shuttle_rule(lone_ms):
+    """The argv carries lone_arrival_ms when the spec changes it, and serve parses it into the engine config."""
+    engine = {} if lone_ms is None else {"lone_arrival_ms": lone_ms}
+    group = InferenceGroup.model_validate(pd(roles=[{"role": "colocated", "engine": engine}]))
+    argv = serve_argv(group, group.role("colocated"), model="/m", host="127.0.0.1", port=1, served_name="m")
+    parser = argparse.ArgumentParser()
+    add_commands(parser.add_subparsers())
+    assert engine_config(parser.parse_args(argv)).lone_arrival_ms == (20.0 if lone_ms is None else lone_ms)
