@@ -65,6 +65,10 @@ def load_cached(arch: str = "cpu", key: str | None = None) -> dict[str, Callable
         for name, fn in impls.items():
             ops.use_compiled(name, fn, "cpu" if backend == "cpu" else "cuda")
             loaded[name] = fn
+        if backend == "cpu":
+            from tideflow_kernels.cpu import extension
+
+            ops.use_thread_binder(getattr(extension.load(Path(m.artifact).parent, key), "bind_threads", None))
     missing = [op for op in ops.OP_NAMES if op not in loaded]
     if missing:
         log.info("kernels: no verified %s build%s for %s; using the reference", arch,

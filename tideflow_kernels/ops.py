@@ -37,6 +37,21 @@ def use_reference(name: str | None = None, device: str | None = None) -> None:
             _compiled[n].pop(d, None)
 
 
+# the CPU build's bind_threads (thread_binding.h), set when a CPU build is loaded; None: nothing can pin threads
+_thread_binder: Callable[[list[int]], list[int]] | None = None
+
+
+def use_thread_binder(fn: Callable[[list[int]], list[int]] | None) -> None:
+    global _thread_binder
+    _thread_binder = fn
+
+
+def bind_threads(cpus: list[int]) -> list[int] | None:
+    """Pin the calling thread's OpenMP team, thread i to cpus[i]; the CPUs they run on, or None when no CPU
+    build is loaded (nothing is pinned)."""
+    return None if _thread_binder is None else list(_thread_binder(cpus))
+
+
 def implementation(name: str, device: str = "cpu") -> str:
     """'reference' or the compiled module's name for tensors on `device`, for logs and tests."""
     fn = _compiled[name].get(device)
