@@ -14,6 +14,7 @@ from engine.model.config import ModelConfig
 from engine.errors import CheckpointError
 from engine.model.decoder import MoEForCausalLM
 from engine.model.moe import Experts, SparseMoE
+from engine.model.packed_linear import pack_linears
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +70,9 @@ def load_model(
     tiled = [moe.experts.use_tiles() for moe in model.moe_layers()]
     if any(tiled):
         log.info("expert weights kept in the tiled layout the routed moe_experts streams fastest")
+    packed = pack_linears(model)
+    if packed:
+        log.info("%d bf16 projections packed for oneDNN", packed)
     return model.eval()
 
 
