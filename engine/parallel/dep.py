@@ -24,6 +24,7 @@ from engine.model_runner import ModelRunner, SeqStep
 from engine.parallel.dispatch import Exchange, ExchangeKind, ExpertDispatch, as_bytes, from_bytes
 from engine.parallel.dist import DistConfig
 from engine.parallel.expert_load import ExpertLoadStats
+from tideflow_kernels.tiles import from_tiles, to_tiles
 
 
 class DEPConfig(BaseModel):
@@ -185,6 +186,8 @@ class DEPRank:
             flat = torch.cat(rows)
             w13 = from_bytes(flat[:, :split], e.w13.dtype).view(-1, *e.w13.shape[1:])
             w2 = from_bytes(flat[:, split:], e.w2.dtype).view(-1, *e.w2.shape[1:])
+            if e.tiled:  # the rows travel row-major (_expert_row); this rank keeps its experts tiled
+                w13, w2 = to_tiles(w13), to_tiles(w2)
             e.w13 = torch.nn.Parameter(w13, requires_grad=False)
             e.w2 = torch.nn.Parameter(w2, requires_grad=False)
             e.local_experts = new.rank_experts(j, self.rank)
@@ -197,5 +200,9 @@ class DEPRank:
 
     @staticmethod
     def _expert_row(experts, slot: int) -> torch.Tensor:
-        """One expert's w13 and w2 as a single [1, bytes] row."""
-        return torch.cat((as_bytes(experts.w13[slot].reshape(1, -1)), as_bytes(experts.w2[slot].reshape(1, -1))), 1)
+        """One expert's w13 and w2 as a single [1, bytes] row, row-major whatever layout this rank keeps them
+        in: ranks on hosts with and without AMX tiles (tideflow_kernels.tiles) read each other's rows alike."""
+        w13, w2 = experts.w13[slot : slot + 1], experts.w2[slot : slot + 1]
+        if experts.tiled:
+            w13, w2 = from_tiles(w13), from_tiles(w2)
+        return torch.cat((as_bytes(w13.reshape(1, -1)), as_bytes(w2.reshape(1, -1))), 1)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch import nn
 
 from engine.default_model import TINY_CONFIG, write_default_model
 from engine.parallel.eplb import Placement, rebalance_experts
@@ -14,6 +15,7 @@ from engine.parallel.dep import DEPConfig, DEPRank
 from engine.parallel.dist import DistConfig
 from engine.parallel.launch import RankError, run_ranks
 from harness.dep_replay import ReplayJob, ReplayStep, SeqSpec, replay_rank
+from tideflow_kernels.tiles import to_tiles
 
 EIGHT_EXPERTS = TINY_CONFIG.model_copy(update={"num_experts": 8})
 
@@ -162,3 +164,18 @@ def test_the_kv_cache_is_sized_from_the_memory_left_after_the_weights(moe8_dir, 
     by_bytes = DEPRank(DistConfig(rank=0, world_size=1, port=1),
                        DEPConfig(model_dir=str(moe8_dir), num_blocks=None, kv_cache_bytes=per_block * 5))
     assert by_bytes.runner.num_blocks == 5 and asked == [True]
+
+
+def test_experts_kept_tiled_move_between_slots_row_major_and_land_tiled(moe8_dir):
+    """A rank keeping its experts tiled (tideflow_kernels.tiles: bf16 on AMX hosts) sends them row-major and
+    tiles what it receives, so ranks with and without the tiles exchange experts alike."""
+    rank = DEPRank(DistConfig(rank=0, world_size=1, port=1), DEPConfig(model_dir=str(moe8_dir), num_blocks=8))
+    for moe in rank.model.moe_layers():  # what use_tiles does on an AMX host; the reference reads both layouts
+        e = moe.experts
+        e.w13, e.w2, e.tiled = nn.Parameter(to_tiles(e.w13.data), False), nn.Parameter(to_tiles(e.w2.data), False), True
+    seqs = [SeqStep(list(range(1, 9)), 0, [0]), SeqStep([5, 6, 7], 0, [1])]
+    ref = ModelRunner(load_model(moe8_dir), num_blocks=8).step(seqs)
+    replicas = rebalance_experts(torch.tensor([[1, 1, 1, 1, 1, 1, 1, 50], [40, 1, 1, 1, 1, 1, 1, 1]]), 1, 3)
+    assert rank.rebalance(replicas) is replicas
+    assert all(m.experts.tiled and m.experts.w13.shape[0] == 11 for m in rank.model.moe_layers())
+    assert float((rank.step(seqs) - ref).abs().max()) <= 1e-5
