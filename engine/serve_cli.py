@@ -89,6 +89,8 @@ def serve(args: argparse.Namespace) -> int:
     from tideflow_kernels.startup import arch_for, startup_ops
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    root = logging.getLogger()  # `main` set WARNING (DEBUG with -v) first: a member logs its start and progress
+    root.setLevel(min(root.level, logging.INFO))
     try:
         args.model = str(local_model_dir(args.model))  # a weights URL is pulled and verified first
     except WeightsError as exc:

@@ -44,7 +44,9 @@ def test_serve_subprocess_answers_the_openai_client(cli_server, tiny_model_dir):
     assert httpx.get(url + "/v1/models", headers={"Authorization": "Bearer nope"}).status_code == 401
     child.proc.send_signal(signal.SIGINT)
     assert child.proc.wait(timeout=20) == 0
-    assert "env-key" not in child.log_path.read_text()
+    log = child.log_path.read_text()
+    assert "env-key" not in log
+    assert f"INFO engine.serve_cli: serving {tiny_model_dir.name} on http://127.0.0.1" in log  # its start, for operators
 
 
 def test_flags_build_the_engine_config():
