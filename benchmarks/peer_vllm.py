@@ -20,6 +20,7 @@ import argparse
 import asyncio
 import glob
 import os
+import random
 import statistics
 import subprocess
 import sys
@@ -88,17 +89,20 @@ def start_vllm(model_dir: Path, dtype: str, log_dir: Path) -> tuple[Child, str]:
 
 
 def prompt(i: int, words: int) -> str:
+    """Prompt i: its own random words, so no two prompts share a prefix (both engines cache prefixes; shared
+    ones would measure the cache, not the serving)."""
     vocab = ["river", "group", "kernel", "expert", "weights", "tide", "route", "drill", "canary", "token"]
-    return " ".join(vocab[(i * 7 + j * 3) % len(vocab)] for j in range(words))
+    draw = random.Random(i)
+    return " ".join(draw.choice(vocab) for _ in range(words))
 
 
-async def streams(url: str, n: int, prompt_words: int, out_tokens: int) -> tuple[float, float]:
-    """(output tokens/s over all streams, batch-1 decode tok/s when n == 1)."""
+async def streams(url: str, n: int, prompt_words: int, out_tokens: int, offset: int = 0) -> tuple[float, float]:
+    """(output tokens/s over all streams, batch-1 decode tok/s when n == 1); stream i sends prompt offset + i."""
     client = openai.AsyncOpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0, timeout=600)
 
     async def one(i: int) -> tuple[int, float | None, float]:
         first, tokens = None, 0
-        stream = await client.completions.create(model="default", prompt=prompt(i, prompt_words), max_tokens=out_tokens,
+        stream = await client.completions.create(model="default", prompt=prompt(offset + i, prompt_words), max_tokens=out_tokens,
                                                  temperature=0, stream=True, stream_options={"include_usage": True},
                                                  extra_body={"ignore_eos": True})
         async for chunk in stream:
@@ -139,12 +143,14 @@ def measure(kind: str, model_dir: Path, dtype: str, args, log_dir: Path) -> dict
     start = start_vllm if kind == "vllm" else start_tideflow
     child, url = start(model_dir, dtype, log_dir)
     try:
-        asyncio.run(streams(url, 4, 16, 8))  # warm-up
-        # the median of --repeats runs: one 3 s run of a shared host moved either engine by 10 % from run to run
-        tok_s = statistics.median(asyncio.run(streams(url, args.streams, args.prompt_len * 3 // 4, args.output_len))[0]
-                                  for _ in range(args.repeats))
-        b1 = statistics.median(asyncio.run(streams(url, 1, args.prompt_len * 3 // 4, args.output_len))[1]
-                               for _ in range(args.repeats))
+        asyncio.run(streams(url, 4, 16, 8, offset=10_000))  # warm-up
+        # the median of --repeats runs, each with prompts of its own: one 3 s run of a shared host moved either
+        # engine by 10 % from run to run
+        words = args.prompt_len * 3 // 4
+        tok_s = statistics.median(asyncio.run(streams(url, args.streams, words, args.output_len, offset=r * args.streams))[0]
+                                  for r in range(args.repeats))
+        b1 = statistics.median(asyncio.run(streams(url, 1, words, args.output_len, offset=20_000 + r))[1]
+                               for r in range(args.repeats))
         ttft, tpot = poisson(url, model_dir, args)
         texts = greedy_texts(url, args.compare)
     finally:
