@@ -32,6 +32,10 @@ def _prefect_home() -> None:
     Path(os.environ["PREFECT_HOME"]).mkdir(parents=True, exist_ok=True)  # Prefect creates only the last level
     # The first start migrates a fresh SQLite database: on 2 cores that outlasts Prefect's 20 s default.
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
+    # Prefect's telemetry service writes its session row into the same SQLite database the runs are written to,
+    # and lost that race in `make run` with a "database is locked" traceback (Prefect issue 18934); a release
+    # pipeline has nothing to report to Prefect's analytics, and its machines often cannot reach them.
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
 
 def _release(args: argparse.Namespace) -> int:
