@@ -38,7 +38,6 @@ class PackedLinear(nn.Module):
 
     def __init__(self, linear: nn.Linear) -> None:
         super().__init__()
-        self.in_features, self.out_features = linear.in_features, linear.out_features
         self.packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), PACKED_FOR_ROWS)
         self.bias = linear.bias
 

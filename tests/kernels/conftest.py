@@ -12,6 +12,12 @@ from tideflow_kernels.loader import implementations
 from tideflow_kernels.spec import BuildRequest
 
 
+def cpu_has_amx() -> bool:
+    """The host's own word (the kernel build compiles for -march=native)."""
+    flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    return " amx_bf16" in flags and " amx_tile" in flags
+
+
 @pytest.fixture(scope="session")
 def tideflow_home(tmp_path_factory):
     mp = pytest.MonkeyPatch()

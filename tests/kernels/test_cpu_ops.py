@@ -2,23 +2,16 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 
 from tideflow_kernels import cases, reference
 from tideflow_kernels.errors import KernelInputError
 from tideflow_kernels.tiles import to_tiles
+from tests.kernels.conftest import cpu_has_amx
 
 DTYPES = [torch.float32, torch.bfloat16]
 ids = lambda dt: str(dt).removeprefix("torch.")  # noqa: E731
-
-
-def cpu_has_amx() -> bool:
-    """The host's own word (the kernel build compiles for -march=native)."""
-    flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    return " amx_bf16" in flags and " amx_tile" in flags
 
 
 def assert_close(op, impl, args):

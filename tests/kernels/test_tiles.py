@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.default_model import DEFAULT_CONFIG, write_default_model
+from engine.default_model import write_default_model
 from engine.model import load_model
-from engine.model.paged import AttentionMetadata, allocate_kv_cache
-from tests.kernels.test_cpu_ops import cpu_has_amx
+from tests.engine.model.conftest import TILE_SHAPED_CONFIG, full_forward_logits
+from tests.kernels.conftest import cpu_has_amx
 from tideflow_kernels import cases, ops, reference
 from tideflow_kernels.tiles import from_tiles, to_tiles
 
@@ -41,24 +41,15 @@ def test_a_bf16_model_loaded_under_the_cpu_build_keeps_its_experts_tiled_and_com
     """load_model tiles the experts when the routed kernel reads them fastest that way (bf16 on an AMX host);
     the logits then match the row-major model's, and switching back to the reference ops still computes the
     same experts from the tiled weights."""
-    config = DEFAULT_CONFIG.model_copy(update=dict(num_layers=2, hidden_size=128, intermediate_size=192,
-                                                   moe_intermediate_size=96, num_heads=4, num_kv_heads=2, head_dim=32,
-                                                   vocab_size=512))
-    model_dir = write_default_model(tmp_path / "model", config, seed=3)
+    model_dir = write_default_model(tmp_path / "model", TILE_SHAPED_CONFIG, seed=3)
     ids = torch.randint(0, 512, (40,), generator=torch.Generator().manual_seed(0))
     plain = load_model(model_dir, "bfloat16")  # reference ops routed (the conftest's default)
     assert not plain.moe_layers()[0].experts.tiled
-    want = logits(plain, ids)
+    want = full_forward_logits(plain, ids)
     ops.use_compiled("moe_experts", cpu_build[1]["moe_experts"])
     model = load_model(model_dir, "bfloat16")
     assert [m.experts.tiled for m in model.moe_layers()] == [cpu_has_amx()] * 2
-    got = logits(model, ids)
+    got = full_forward_logits(model, ids)
     assert (got - want).abs().max() <= 0.05 * want.abs().max()
     ops.use_reference()
-    assert torch.equal(logits(model, ids), want)
-
-
-def logits(model, ids: torch.Tensor) -> torch.Tensor:
-    kv = allocate_kv_cache(model.config, num_blocks=-(-len(ids) // 16), block_size=16)
-    meta = AttentionMetadata.build([len(ids)], [len(ids)], [list(range(len(kv[0][0])))], 16)
-    return model.logits(model(ids, torch.arange(len(ids)), kv, meta)).float()
+    assert torch.equal(full_forward_logits(model, ids), want)

@@ -8,8 +8,8 @@ import transformers
 
 from engine.generate import generate
 from engine.model import load_model
-from engine.model.paged import AttentionMetadata, allocate_kv_cache
 from engine.sampling import SamplingParams
+from tests.engine.model.conftest import full_forward_logits
 
 COMMON = dict(vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
@@ -33,13 +33,6 @@ def hf_checkpoint(request, tmp_path_factory):
     path = tmp_path_factory.mktemp(request.param)
     hf.save_pretrained(path)
     return path, hf
-
-
-def full_forward_logits(model, ids: torch.Tensor) -> torch.Tensor:
-    block = 16
-    kv = allocate_kv_cache(model.config, num_blocks=-(-len(ids) // block), block_size=block)
-    meta = AttentionMetadata.build([len(ids)], [len(ids)], [list(range(len(kv[0][0])))], block)
-    return model.logits(model(ids, torch.arange(len(ids)), kv, meta))
 
 
 @pytest.mark.parametrize("length", [1, 17, 300])

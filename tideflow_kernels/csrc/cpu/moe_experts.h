@@ -262,10 +262,7 @@ inline at::Tensor moe_experts(const at::Tensor& x_in, const at::Tensor& w13_in,
               "moe_experts: x and weights must share a dtype");
   TORCH_CHECK(!tiled || (hidden % 32 == 0 && inter % 32 == 0),
               "moe_experts: tiled weights need hidden and inter multiples of 32, got ", hidden, ", ", inter);
-  bool tiles_run = false;  // tiled weights the AMX tiles read as they are
-#if defined(__AMX_BF16__) && defined(__AMX_TILE__)
-  tiles_run = tiled && x.scalar_type() == at::kBFloat16 && amx_fits(hidden, inter);
-#endif
+  const bool tiles_run = tiled && x.scalar_type() == at::kBFloat16 && moe_tiles_fit(hidden, inter);  // read as they are
   if (tiled && !tiles_run) {
     w13 = untile(w13);
     w2 = untile(w2);
