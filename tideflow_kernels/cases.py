@@ -84,11 +84,13 @@ def check_cases(op: str, dtype: torch.dtype, device: str) -> list[tuple]:
     if op == "topk_gating":
         return [gating_args(13, 64, 8, *d), gating_args(1, 60, 2, *d, renormalize=False)]
     if op == "moe_experts":
-        # register tiles with ragged edges (odd sizes), expert groups past the tiled path's limit (at::mm), and
+        # register tiles with ragged edges (odd sizes; tiles of 4 and of 8 tokens), expert groups past the tiled
+        # path's limit (at::mm), and
         # shapes the AMX tiles take (hidden % 64, inter % 32) with groups of a few tokens, of 16 + a rest and
         # of several chunks of 16 + a rest; and those shapes with the weights tiled (every group on the tiles
         # in bf16 on an AMX host, single tokens included; read through a row-major copy elsewhere)
-        return [moe_args(13, 257, 96, 8, 2, *d, skip_fraction=0.2), moe_args(37, 128, 64, 4, 2, *d),
+        return [moe_args(13, 257, 96, 8, 2, *d, skip_fraction=0.2), moe_args(41, 257, 97, 8, 2, *d),
+                moe_args(37, 128, 64, 4, 2, *d),
                 moe_args(150, 97, 40, 2, 2, *d), moe_args(20, 128, 96, 8, 2, *d, skip_fraction=0.2),
                 moe_args(75, 128, 96, 4, 2, *d), moe_args(3, 128, 64, 8, 2, *d, tiled=True),
                 moe_args(20, 128, 96, 8, 2, *d, skip_fraction=0.2, tiled=True), moe_args(75, 128, 96, 4, 2, *d, tiled=True)]

@@ -33,47 +33,77 @@ constexpr int64_t fused_group_max() {
 
 inline float silu(float v) { return v / (1.f + vexp(-v)); }
 
+#if defined(__AVX512F__)
+// silu(g) * u on 16 lanes.
+inline __m512 silu_mul16(__m512 g, __m512 u) {
+  return _mm512_mul_ps(_mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.f), vexp16(_mm512_sub_ps(_mm512_setzero_ps(), g)))), u);
+}
+#endif
+
 // One expert, n <= fused_group_max<T>() tokens: act = silu(x W_gate^T) * (x W_up^T) (rounded to T as
 // the reference does), out += w * act W2^T. Threads split the weight rows, so the expert's weights
-// are read once per step whatever n is.
-template <typename T>
-void expert_fused(const T* x, const T* w13, const T* w2, const int64_t* toks, const float* gate_w,
-                  int64_t n, int64_t hidden, int64_t inter, T* act, float* out) {
+// are read once per step whatever n is. TT tokens a tile: with 8, a tile holds 2 weight rows (1 gate and
+// its up row; 2 rows of W2), so a group of 5-8 tokens reads each row in one pass instead of two; with 4,
+// 4 rows a tile load fewer vectors per product for the small groups.
+template <typename T, int TT>
+void expert_fused_tiles(const T* x, const T* w13, const T* w2, const int64_t* toks, const float* gate_w,
+                        int64_t n, int64_t hidden, int64_t inter, T* act, float* out) {
+  constexpr int kRows = 16 / TT, kPairs = kRows / 2;  // weight rows a tile; gate (and up) rows a tile
   const bool par = n * hidden * inter >= kParallelGrain;
 #pragma omp parallel for schedule(static) if (par)
-  for (int64_t j = 0; j < inter; j += 2) {  // rows gate_j, gate_j+1, up_j, up_j+1
-    const int64_t j1 = std::min(j + 1, inter - 1);
-    const T* w[4] = {w13 + j * hidden, w13 + j1 * hidden, w13 + (inter + j) * hidden,
-                     w13 + (inter + j1) * hidden};
-    for (int64_t t0 = 0; t0 < n; t0 += kTileTokens) {
-      const int nt = int(std::min<int64_t>(kTileTokens, n - t0));
-      const T* xs[kTileTokens];
+  for (int64_t j = 0; j < inter; j += kPairs) {  // rows gate_j.., up_j.. (the last tile repeats its last row)
+    const T* w[kRows];
+    for (int q = 0; q < kPairs; ++q) {
+      const int64_t jq = std::min(j + q, inter - 1);
+      w[q] = w13 + jq * hidden;
+      w[kPairs + q] = w13 + (inter + jq) * hidden;
+    }
+    const int pairs = int(std::min<int64_t>(kPairs, inter - j));
+    for (int64_t t0 = 0; t0 < n; t0 += TT) {
+      const int nt = int(std::min<int64_t>(TT, n - t0));
+      const T* xs[TT];
       for (int t = 0; t < nt; ++t) xs[t] = x + toks[t0 + t] * hidden;
-      float r[4][kTileTokens];
-      tile_dot<4>(w, xs, nt, hidden, r);
-      for (int t = 0; t < nt; ++t) {
-        act[(t0 + t) * inter + j] = from_f<T>(silu(r[0][t]) * r[2][t]);
-        if (j1 != j) act[(t0 + t) * inter + j1] = from_f<T>(silu(r[1][t]) * r[3][t]);
+      alignas(64) float r[kRows][TT];
+      tile_dot<kRows, TT>(w, xs, nt, hidden, r);
+      for (int q = 0; q < pairs; ++q) {
+#if defined(__AVX512F__)
+        // the tile's tokens in one vector: one vector exp a row pair, not one scalar exp a token
+        const __mmask16 live = __mmask16((1u << nt) - 1);
+        alignas(64) float a[16];
+        _mm512_store_ps(a, silu_mul16(_mm512_maskz_loadu_ps(live, r[q]), _mm512_maskz_loadu_ps(live, r[kPairs + q])));
+        for (int t = 0; t < nt; ++t) act[(t0 + t) * inter + j + q] = from_f<T>(a[t]);
+#else
+        for (int t = 0; t < nt; ++t) act[(t0 + t) * inter + j + q] = from_f<T>(silu(r[q][t]) * r[kPairs + q][t]);
+#endif
       }
     }
   }
 #pragma omp parallel for schedule(static) if (par)
-  for (int64_t j = 0; j < hidden; j += 4) {  // rows j..j+3 of W2 (the last tile repeats its last row)
-    const T* w[4];
-    for (int q = 0; q < 4; ++q) w[q] = w2 + std::min(j + q, hidden - 1) * inter;
-    const int rows = int(std::min<int64_t>(4, hidden - j));
-    for (int64_t t0 = 0; t0 < n; t0 += kTileTokens) {
-      const int nt = int(std::min<int64_t>(kTileTokens, n - t0));
-      const T* xs[kTileTokens];
+  for (int64_t j = 0; j < hidden; j += kRows) {  // rows j.. of W2 (the last tile repeats its last row)
+    const T* w[kRows];
+    for (int q = 0; q < kRows; ++q) w[q] = w2 + std::min(j + q, hidden - 1) * inter;
+    const int rows = int(std::min<int64_t>(kRows, hidden - j));
+    for (int64_t t0 = 0; t0 < n; t0 += TT) {
+      const int nt = int(std::min<int64_t>(TT, n - t0));
+      const T* xs[TT];
       for (int t = 0; t < nt; ++t) xs[t] = act + (t0 + t) * inter;
-      float r[4][kTileTokens];
-      tile_dot<4>(w, xs, nt, inter, r);
+      float r[kRows][TT];
+      tile_dot<kRows, TT>(w, xs, nt, inter, r);
       for (int t = 0; t < nt; ++t) {
         float* o = out + toks[t0 + t] * hidden + j;
         for (int q = 0; q < rows; ++q) o[q] += gate_w[t0 + t] * r[q][t];
       }
     }
   }
+}
+
+template <typename T>
+void expert_fused(const T* x, const T* w13, const T* w2, const int64_t* toks, const float* gate_w,
+                  int64_t n, int64_t hidden, int64_t inter, T* act, float* out) {
+  if (n > kTileTokens)
+    expert_fused_tiles<T, 8>(x, w13, w2, toks, gate_w, n, hidden, inter, act, out);
+  else
+    expert_fused_tiles<T, 4>(x, w13, w2, toks, gate_w, n, hidden, inter, act, out);
 }
 
 #if defined(__AMX_BF16__) && defined(__AMX_TILE__)
@@ -95,9 +125,7 @@ inline bool amx_fits(int64_t hidden, int64_t inter) {
 
 // silu(g) * u for 16 tokens, rounded to bf16 (nearest even, as the reference rounds).
 inline __m512i swiglu_bf16(const float* g, const float* u) {
-  const __m512 gv = _mm512_loadu_ps(g);
-  const __m512 a = _mm512_mul_ps(_mm512_div_ps(gv, _mm512_add_ps(_mm512_set1_ps(1.f), vexp16(_mm512_sub_ps(
-                                     _mm512_setzero_ps(), gv)))), _mm512_loadu_ps(u));
+  const __m512 a = silu_mul16(_mm512_loadu_ps(g), _mm512_loadu_ps(u));
   return _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(a));
 }
 
@@ -124,6 +152,9 @@ constexpr size_t kAmxChunksPerRegion = 64;
 //   hot by each of its chunks;
 // - down: the threads split the output columns (64 at a time), each going over every chunk, so a token
 //   routed to several experts has each of its columns written by one thread only.
+// Both product loops hand out their items dynamically: a served engine shares its cores with the HTTP
+// loop and the clients, and with a static split a thread that the OS preempts holds up the other at the
+// barrier; dynamically the running thread takes over its items.
 template <amx::Layout L>
 void experts_amx(const uint16_t* x, const uint16_t* w13, const uint16_t* w2,
                         const std::vector<AmxChunk>& all, int64_t hidden, int64_t inter, float* out) {
@@ -159,7 +190,7 @@ void experts_amx(const uint16_t* x, const uint16_t* w13, const uint16_t* w2,
       }  // barrier: every chunk is packed
       amx::configure();
       alignas(64) float tile[4 * amx::kTileRows * kCols];
-#pragma omp for schedule(static)
+#pragma omp for schedule(dynamic, 4)
       for (size_t i = 0; i < items.size(); ++i) {
         const auto [c, j] = items[i];
         const uint16_t* we = w13 + chunks[c].expert * 2 * inter * hidden;
@@ -173,7 +204,7 @@ void experts_amx(const uint16_t* x, const uint16_t* w13, const uint16_t* w2,
           _mm512_storeu_si512(act + m * kCols, _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
         }
       }  // the loop's barrier: every act is written before any thread reads it below
-#pragma omp for schedule(static)
+#pragma omp for schedule(dynamic, 1)
       for (int64_t hb = 0; hb < col_blocks; ++hb) {
         const int64_t h = hb * 64;
         for (int64_t c = 0; c < count; ++c) {
