@@ -92,13 +92,13 @@ def create_router_app(config: RouterConfig, api_keys: list[str], admin_keys: lis
                 return f"{outside[0]} is outside the member networks this router accepts"
         return None
 
-    def writable() -> None:
+    async def writable() -> None:  # async dependencies: no thread-pool hop per request
         if config.controller_url:
             raise APIError(409, f"this router takes its groups from the controller at {config.controller_url}; "
                                 "change them there")
 
-    def client_key(request: Request) -> None:
-        auth(request)
+    async def client_key(request: Request) -> None:
+        auth.check(request)
         if limiter is not None:
             scheme, _, token = request.headers.get("authorization", "").partition(" ")
             key = token.strip() if scheme.lower() == "bearer" and token.strip() else "anonymous"  # one bucket per key

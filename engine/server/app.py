@@ -65,7 +65,7 @@ def create_app(engine: LLMEngine, model_name: str, api_keys: list[str] | None = 
     async def health() -> dict:
         return {"status": "alive"}
 
-    def require_ready() -> None:
+    async def require_ready() -> None:  # async: a sync dependency would cost a thread-pool hop
         if not engine.ready:
             raise APIError(503, "the model is loading or warming up; retry shortly", code="not_ready")
 
