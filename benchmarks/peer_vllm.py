@@ -145,13 +145,15 @@ def poisson(url: str, model_dir: Path, args) -> tuple[float | None, float | None
 class Workload:
     """The prompts of every run, drawn once: both engines get the very same texts."""
 
+    warm_up: list[str]  # a few short prompts sent before any measurement
     stream_runs: list[list[str]]  # per repeat, one prompt per stream
     batch1_runs: list[str]  # per repeat, the one prompt
     compare: list[str]  # the greedy answers compared
 
     @classmethod
     def draw(cls, model_dir: Path, args) -> "Workload":
-        return cls(stream_runs=[prompts(model_dir, r, args.streams, args.prompt_len) for r in range(args.repeats)],
+        return cls(warm_up=prompts(model_dir, 10_000, 4, 16),
+                   stream_runs=[prompts(model_dir, r, args.streams, args.prompt_len) for r in range(args.repeats)],
                    batch1_runs=[prompts(model_dir, 20_000 + r, 1, args.prompt_len)[0] for r in range(args.repeats)],
                    compare=prompts(model_dir, 30_000, args.compare, 24))
 
@@ -160,7 +162,7 @@ def measure(kind: str, model_dir: Path, dtype: str, args, workload: Workload, lo
     start = start_vllm if kind == "vllm" else start_tideflow
     child, url = start(model_dir, dtype, log_dir)
     try:
-        asyncio.run(streams(url, prompts(model_dir, 10_000, 4, 16), 8))  # warm-up
+        asyncio.run(streams(url, workload.warm_up, 8))
         # the median of --repeats runs, each with prompts of its own: one 3 s run of a shared host moved either
         # engine by 10 % from run to run
         tok_s = statistics.median(asyncio.run(streams(url, texts, args.output_len))[0]

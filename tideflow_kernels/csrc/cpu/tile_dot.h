@@ -1,6 +1,7 @@
-// Register-tiled dot products: R weight rows against up to 4 activation rows at once, so each weight
-// vector loaded from memory feeds 4 multiply-adds. Decode is bound by streaming the weights, and this
-// reads each weight row once per tile of tokens (from L1 for the second tile on). bf16 uses the
+// Register-tiled dot products: R weight rows against up to TT activation rows at once (4 x 4 or 2 x 8:
+// 16 accumulators), so each weight vector loaded from memory feeds TT multiply-adds. Decode is bound by
+// streaming the weights, and this reads each weight row once per tile of tokens (from L1 for the second
+// tile on). bf16 uses the
 // AVX512-BF16 dot-product instruction (two bf16 products summed into an fp32 lane), fp32 plain FMA; a
 // build without AVX-512 (arch 'cpu', x86-64-v3) falls back to the portable dot().
 #pragma once
@@ -12,7 +13,7 @@
 
 namespace tideflow {
 
-constexpr int kTileTokens = 4;
+constexpr int kTileTokens = 4;  // TT unless a caller asks for 8
 
 // Portable fallback: out[r][t] = dot(w[r], x[t]).
 template <int R, int NT, int TT, typename T>
