@@ -117,8 +117,14 @@ def test_a_slow_canary_fails_its_step_on_latency(fleet, load):
         source.close()
     failed = {m for m, v in verdicts(step).items() if v == "fail"}
     assert not step.passed and failed & {"ttft", "tpot", "e2e"} and "errors" not in failed, step.verdicts
-    # 300 ms before each output against a few ms: every failed latency is far more than twice as slow
-    assert all(v.ci_low > 1.0 for v in step.verdicts if v.verdict == "fail"), step.verdicts
+    # every failed metric reports a lower bound clear of its margin, under its estimate (the bound comes from a
+    # search over pairwise differences, the verdict from counts: they must agree)
+    fails = [v for v in step.verdicts if v.verdict == "fail"]
+    assert all(v.margin < v.ci_low <= v.estimate for v in fails), [
+        (v.metric, v.canary_n, v.baseline_n, v.estimate, v.ci_low, v.margin) for v in fails]
+    # the canary's own figures show the injected 300 ms before every output: no canary token came sooner (how
+    # many times the baseline that is depends on how busy the shared cores were, so no ratio is asserted)
+    assert step.canary.ttft_p99_s >= 0.3, step.canary
     assert step.canary.error_rate == 0
     assert_nothing_lost(traffic)
     assert traffic.error == 0
