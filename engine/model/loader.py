@@ -15,6 +15,7 @@ from engine.errors import CheckpointError
 from engine.model.decoder import MoEForCausalLM
 from engine.model.moe import Experts, SparseMoE
 from engine.model.packed_linear import pack_linears
+from engine.model.weight_arena import move_weights
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +74,10 @@ def load_model(
     packed = pack_linears(model)
     if packed:
         log.info("%d bf16 projections packed for oneDNN", packed)
+    del state  # its tensors are the loaded weights: move_weights frees each once it is copied
+    arena = move_weights(model)
+    if arena is not None:
+        log.info("weights: %.0f MB in one arena, %.0f MB of it in huge pages", arena.size / 1e6, arena.huge_bytes / 1e6)
     return model.eval()
 
 
