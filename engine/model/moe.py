@@ -51,8 +51,8 @@ class Experts(nn.Module):
         self.tiled = False
 
     def use_tiles(self) -> bool:
-        """Keep the weights in the tiled layout when the routed kernel reads them fastest that way (bf16 on a
-        CPU build with AMX tiles); True when they are tiled. The ops read either layout, so a later switch of
+        """Keep the weights in the tiled layout when the routed kernel reads them fastest that way (a CPU build
+        with AMX tiles for bf16, with AVX-512 for fp32); True when they are tiled. The ops read either layout, so a later switch of
         kernels (back to the reference, say) still computes the same experts."""
         if not self.tiled and ops.expert_tiles_fit(self.w13, self.w2):
             self.w13 = nn.Parameter(to_tiles(self.w13.data), requires_grad=False)

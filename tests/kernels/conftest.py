@@ -12,10 +12,17 @@ from tideflow_kernels.loader import implementations
 from tideflow_kernels.spec import BuildRequest
 
 
-def cpu_has_amx() -> bool:
+def cpu_flags() -> str:
     """The host's own word (the kernel build compiles for -march=native)."""
-    flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    return " amx_bf16" in flags and " amx_tile" in flags
+    return Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+
+
+def cpu_has_amx() -> bool:
+    return " amx_bf16" in cpu_flags() and " amx_tile" in cpu_flags()
+
+
+def cpu_has_avx512() -> bool:
+    return " avx512f" in cpu_flags()
 
 
 @pytest.fixture(scope="session")

@@ -8,7 +8,7 @@ import torch
 from tideflow_kernels import cases, reference
 from tideflow_kernels.errors import KernelInputError
 from tideflow_kernels.tiles import to_tiles
-from tests.kernels.conftest import cpu_has_amx
+from tests.kernels.conftest import cpu_has_amx, cpu_has_avx512
 
 DTYPES = [torch.float32, torch.bfloat16]
 ids = lambda dt: str(dt).removeprefix("torch.")  # noqa: E731
@@ -76,23 +76,34 @@ def test_moe_experts(cpu_build, dtype, tokens, hidden, inter, experts, k, skip):
 @pytest.mark.parametrize("dtype", DTYPES, ids=ids)
 @pytest.mark.parametrize("tokens,experts", [(1, 8), (2, 4), (20, 8), (75, 4)])
 def test_moe_experts_on_tiled_weights(cpu_build, dtype, tokens, experts):
-    """Tiled weights give the experts of the same weights row-major: on the AMX tiles (bf16 on an AMX host,
-    single tokens included) and through a row-major copy where the tiles cannot run them."""
+    """Tiled weights give the experts of the same weights row-major: on tiles (bf16 on an AMX host, fp32 with
+    AVX-512; single tokens included, and fp32 groups of several register tiles) and through a row-major copy
+    where the tiles cannot run them."""
     x, w13, w2, weights, chosen = cases.moe_args(tokens, 128, 96, experts, 2, dtype, "cpu")
     fn = cpu_build[1]["moe_experts"]
     tiled = fn(x, to_tiles(w13), to_tiles(w2), weights, chosen, True)
     err = cases.relative_error("moe_experts", tiled, reference.moe_experts(x, w13, w2, weights, chosen))
     assert err <= cases.tolerance("moe_experts", dtype), f"relative error {err:.3g}"
-    with pytest.raises(RuntimeError, match="multiples of 32"):
+    with pytest.raises(RuntimeError, match="multiples of 16" if dtype == torch.float32 else "multiples of 32"):
         fn(x[:, :100], w13[:, :, :100], w2[:, :100], weights, chosen, True)
 
 
-def test_tiles_fit_only_bf16_weights_of_tile_shapes(cpu_build):
+def test_fp32_tiled_weights_with_an_odd_count_of_16_row_blocks(cpu_build):
+    """hidden 144 = 9 blocks of 16: the last 16 output columns go through a single block of W2."""
+    x, w13, w2, weights, chosen = cases.moe_args(29, 144, 48, 4, 2, torch.float32, "cpu")
+    tiled = cpu_build[1]["moe_experts"](x, to_tiles(w13), to_tiles(w2), weights, chosen, True)
+    err = cases.relative_error("moe_experts", tiled, reference.moe_experts(x, w13, w2, weights, chosen))
+    assert err <= cases.tolerance("moe_experts", torch.float32), f"relative error {err:.3g}"
+
+
+def test_tiles_fit_bf16_on_amx_and_fp32_on_avx512_in_tile_shapes(cpu_build):
     fits = cpu_build[1]["moe_experts"].tiles_fit
     w13, w2 = torch.zeros(2, 192, 128, dtype=torch.bfloat16), torch.zeros(2, 128, 96, dtype=torch.bfloat16)
-    assert not fits(w13.float(), w2.float())
-    assert not fits(torch.zeros(2, 192, 96, dtype=torch.bfloat16), torch.zeros(2, 96, 96, dtype=torch.bfloat16))
     assert fits(w13, w2) == cpu_has_amx()
+    assert not fits(torch.zeros(2, 192, 96, dtype=torch.bfloat16), torch.zeros(2, 96, 96, dtype=torch.bfloat16))
+    assert fits(w13.float(), w2.float()) == cpu_has_avx512()
+    assert not fits(torch.zeros(2, 192, 100), torch.zeros(2, 100, 96))  # hidden 100: not whole blocks of 16
+    assert not fits(w13.half(), w2.half())
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=ids)

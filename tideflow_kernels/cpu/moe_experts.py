@@ -15,8 +15,11 @@ def make(lib):
         return op(x, w13, w2, topk_weights, topk_ids, tiled)
 
     def tiles_fit(w13, w2) -> bool:
-        """Whether this build reads these weights on AMX tiles, so the tiled layout is the fast one."""
-        return w13.dtype == torch.bfloat16 and lib.moe_tiles_fit(w13.shape[2], w2.shape[2])
+        """Whether this build reads these weights on tiles (bf16 on AMX, fp32 on AVX-512), so the tiled layout is
+        the fast one."""
+        if w13.dtype not in (torch.bfloat16, torch.float32):
+            return False
+        return lib.moe_tiles_fit(w13.shape[2], w2.shape[2], w13.dtype == torch.bfloat16)
 
     moe_experts.tiles_fit = tiles_fit
     return moe_experts

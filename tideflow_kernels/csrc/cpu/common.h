@@ -90,6 +90,16 @@ inline __m512 vexp16(__m512 x) {
 }
 #endif
 
+// SwiGLU's activation: silu(g) = g / (1 + exp(-g)).
+inline float silu(float v) { return v / (1.f + vexp(-v)); }
+
+#if defined(__AVX512F__)
+// silu(g) * u on 16 lanes.
+inline __m512 silu_mul16(__m512 g, __m512 u) {
+  return _mm512_mul_ps(_mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.f), vexp16(_mm512_sub_ps(_mm512_setzero_ps(), g)))), u);
+}
+#endif
+
 template <typename A, typename B>
 inline float dot(const A* a, const B* b, int64_t n) {
   float acc = 0.f;

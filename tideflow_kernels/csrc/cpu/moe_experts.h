@@ -3,14 +3,16 @@
 // fused_group_max<T>() tokens (decode, small prefills) use register-tiled dot products that stream each
 // weight row once for the whole group; larger groups (prefill) call at::mm on the gathered rows. On a
 // host with AMX, bf16 groups of the sizes amx_takes() run on AMX tiles instead, in one parallel region
-// for all of them (experts_amx). Weights in the tiled layout (`tiled`, amx_tiles.h) run every group on
-// the tiles; where the tiles cannot run them (fp32, no AMX) they are read through a row-major copy.
+// for all of them (experts_amx). Weights in the tiled layout (`tiled`, tideflow_kernels/tiles.py) run every
+// group on tiles: bf16 on the AMX tiles (amx_tiles.h), fp32 on the outer products of f32_tiles.h; where
+// this build or host cannot run them they are read through a row-major copy.
 #pragma once
 #include <type_traits>
 #include <vector>
 
 #include "amx_tiles.h"
 #include "common.h"
+#include "f32_tiles.h"
 #include "tile_dot.h"
 
 namespace tideflow {
@@ -30,15 +32,6 @@ constexpr int64_t fused_group_max() {
 #endif
   return 64;
 }
-
-inline float silu(float v) { return v / (1.f + vexp(-v)); }
-
-#if defined(__AVX512F__)
-// silu(g) * u on 16 lanes.
-inline __m512 silu_mul16(__m512 g, __m512 u) {
-  return _mm512_mul_ps(_mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.f), vexp16(_mm512_sub_ps(_mm512_setzero_ps(), g)))), u);
-}
-#endif
 
 // One expert, n <= fused_group_max<T>() tokens: act = silu(x W_gate^T) * (x W_up^T) (rounded to T as
 // the reference does), out += w * act W2^T. Threads split the weight rows, so the expert's weights
@@ -258,22 +251,30 @@ void expert_mm(const at::Tensor& x, const at::Tensor& w13e, const at::Tensor& w2
   }
 }
 
-// Whether bf16 experts of these sizes run on the AMX tiles in this build and on this host, so that the
-// tiled layout is the one to keep them in.
-inline bool moe_tiles_fit(int64_t hidden, int64_t inter) {
+// Whether experts of these sizes and dtype run on tiles in this build and on this host, so that the tiled
+// layout is the one to keep them in: bf16 on the AMX tiles, fp32 on the outer products of f32_tiles.h.
+inline bool moe_tiles_fit(int64_t hidden, int64_t inter, bool bf16) {
+  if (bf16) {
 #if defined(__AMX_BF16__) && defined(__AMX_TILE__)
-  return amx_fits(hidden, inter);
+    return amx_fits(hidden, inter);
 #else
-  (void)hidden;
-  (void)inter;
+    return false;
+#endif
+  }
+#if defined(__AVX512F__)
+  return hidden % f32tiles::kRows == 0 && inter % f32tiles::kRows == 0;
+#else
   return false;
 #endif
 }
 
-// [E, R, K] in the tiled layout ([E][R/16][K/32][16][32]) -> the same weights row-major.
+// Elements of one tile row in the tiled layout: 32 bf16 (an AMX tile row), 1 fp32 (tideflow_kernels/tiles.py).
+inline int64_t tile_cols(at::ScalarType dtype) { return dtype == at::kFloat ? 1 : 32; }
+
+// [E, R, K] in the tiled layout ([E][R/16][K/c][16][c], c = tile_cols) -> the same weights row-major.
 inline at::Tensor untile(const at::Tensor& w) {
-  const int64_t E = w.size(0), R = w.size(1), K = w.size(2);
-  return w.view({E, R / 16, K / 32, 16, 32}).permute({0, 1, 3, 2, 4}).reshape({E, R, K});
+  const int64_t E = w.size(0), R = w.size(1), K = w.size(2), c = tile_cols(w.scalar_type());
+  return w.view({E, R / 16, K / c, 16, c}).permute({0, 1, 3, 2, 4}).reshape({E, R, K});
 }
 
 inline at::Tensor moe_experts(const at::Tensor& x_in, const at::Tensor& w13_in,
@@ -291,9 +292,11 @@ inline at::Tensor moe_experts(const at::Tensor& x_in, const at::Tensor& w13_in,
               " do not match hidden ", hidden);
   TORCH_CHECK(x.scalar_type() == w13.scalar_type() && x.scalar_type() == w2.scalar_type(),
               "moe_experts: x and weights must share a dtype");
-  TORCH_CHECK(!tiled || (hidden % 32 == 0 && inter % 32 == 0),
-              "moe_experts: tiled weights need hidden and inter multiples of 32, got ", hidden, ", ", inter);
-  const bool tiles_run = tiled && x.scalar_type() == at::kBFloat16 && moe_tiles_fit(hidden, inter);  // read as they are
+  const int64_t cols = tile_cols(x.scalar_type());
+  TORCH_CHECK(!tiled || (hidden % 16 == 0 && inter % 16 == 0 && hidden % cols == 0 && inter % cols == 0),
+              "moe_experts: tiled ", x.scalar_type(), " weights need hidden and inter multiples of ", std::max<int64_t>(16, cols),
+              ", got ", hidden, ", ", inter);
+  const bool tiles_run = tiled && moe_tiles_fit(hidden, inter, x.scalar_type() == at::kBFloat16);  // read as they are
   if (tiled && !tiles_run) {
     w13 = untile(w13);
     w2 = untile(w2);
@@ -329,6 +332,9 @@ inline at::Tensor moe_experts(const at::Tensor& x_in, const at::Tensor& w13_in,
     const bool amx_ok = std::is_same_v<T, uint16_t> && amx_fits(hidden, inter);  // tiles_run implies it
     std::vector<AmxChunk> amx_chunks;  // the groups the tiles take, cut in 16-token chunks, expert by expert
 #endif
+#if defined(__AVX512F__)
+    std::vector<f32tiles::Tile> f32_tiles;  // fp32 groups cut in register tiles of nearly equal size
+#endif
     for (int64_t e = 0; e < experts; ++e) {
       const int64_t n = offsets[e + 1] - offsets[e];
       if (n == 0) continue;
@@ -343,6 +349,19 @@ inline at::Tensor moe_experts(const at::Tensor& x_in, const at::Tensor& w13_in,
         }
       }
 #endif
+#if defined(__AVX512F__)
+      if constexpr (std::is_same_v<T, float>) {
+        if (tiles_run) {
+          const int64_t parts = (n + f32tiles::kTokens - 1) / f32tiles::kTokens;
+          for (int64_t p = 0, t0 = 0; p < parts; ++p) {
+            const int64_t nt = n / parts + (p < n % parts ? 1 : 0);
+            f32_tiles.push_back({e, sorted_tok.data() + s + t0, sorted_w.data() + s + t0, int(nt)});
+            t0 += nt;
+          }
+          continue;
+        }
+      }
+#endif
       if (n <= fused_group_max<T>()) {
         expert_fused<T>(cptr<T>(x), cptr<T>(w13) + e * 2 * inter * hidden,
                            cptr<T>(w2) + e * hidden * inter, sorted_tok.data() + s,
@@ -353,6 +372,9 @@ inline at::Tensor moe_experts(const at::Tensor& x_in, const at::Tensor& w13_in,
         expert_mm<T>(x, w13[e], w2[e], toks, gw, inter, out);
       }
     }
+#if defined(__AVX512F__)
+    if constexpr (std::is_same_v<T, float>) f32tiles::experts(cptr<T>(x), cptr<T>(w13), cptr<T>(w2), f32_tiles, hidden, inter, out);
+#endif
 #if defined(__AMX_BF16__) && defined(__AMX_TILE__)
     if constexpr (std::is_same_v<T, uint16_t>) {
       if (!amx_chunks.empty()) {

@@ -25,7 +25,7 @@ TIDEFLOW_LIBRARY(TIDEFLOW_NS, m) {
         &tideflow::topk_gating);
   m.def("moe_experts(Tensor x, Tensor w13, Tensor w2, Tensor topk_weights, Tensor topk_ids, bool tiled) -> Tensor",
         &tideflow::moe_experts);
-  m.def("moe_tiles_fit(int hidden, int inter) -> bool", &tideflow::moe_tiles_fit);
+  m.def("moe_tiles_fit(int hidden, int inter, bool bf16) -> bool", &tideflow::moe_tiles_fit);
   m.def("bind_threads(int[] cpus) -> int[]", &tideflow::bind_threads);
   m.def("paged_decode_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, "
         "Tensor context_lens, float scale) -> Tensor",
