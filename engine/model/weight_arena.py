@@ -58,7 +58,11 @@ def move_weights(model: nn.Module) -> Arena | None:
             size += -(-param.numel() * param.element_size() // ALIGN) * ALIGN
     if not offsets or not hasattr(mmap, "MAP_ANONYMOUS"):
         return None
-    memory = mmap.mmap(-1, size + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    try:
+        memory = mmap.mmap(-1, size + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    except OSError as exc:  # e.g. a strict overcommit limit: the weights stay where the load put them
+        log.warning("weights stay as loaded: no arena of %.0f MB could be mapped (%s)", size / 1e6, exc)
+        return None
     lead = -ctypes.addressof(ctypes.c_char.from_buffer(memory)) % HUGE_PAGE  # to the first 2 MB boundary
     if hasattr(mmap, "MADV_HUGEPAGE"):
         memory.madvise(mmap.MADV_HUGEPAGE, lead, size)  # before any page is touched, so faults take huge pages

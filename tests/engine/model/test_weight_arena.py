@@ -58,6 +58,18 @@ def test_moved_weights_keep_their_values_ties_and_alignment_and_the_old_tensors_
     assert all(ref() is None for ref in old), "move_weights kept a loaded tensor alive"
 
 
+def test_weights_stay_as_loaded_when_no_arena_can_be_mapped(monkeypatch, caplog):
+    model = nn.Linear(8, 8)
+    weight = model.weight
+
+    def refuse(*args, **kwargs):
+        raise OSError(12, "Cannot allocate memory")
+
+    monkeypatch.setattr("engine.model.weight_arena.mmap.mmap", refuse)
+    assert move_weights(model) is None and model.weight is weight
+    assert "no arena" in caplog.text
+
+
 def test_a_module_without_cpu_weights_is_left_alone():
     with torch.device("meta"):
         model = nn.Linear(4, 4)
