@@ -95,10 +95,11 @@ def check_cases(op: str, dtype: torch.dtype, device: str) -> list[tuple]:
                 moe_args(75, 128, 96, 4, 2, *d), moe_args(3, 128, 64, 8, 2, *d, tiled=True),
                 moe_args(20, 128, 96, 8, 2, *d, skip_fraction=0.2, tiled=True), moe_args(75, 128, 96, 4, 2, *d, tiled=True)]
     if op == "paged_decode_attention":
-        # query groups of 4, 1, 6 (two register tiles of heads) and 3, over head sizes with and without
-        # the register-held value sums (64 and 128; 72)
+        # query groups of 4, 1, 6 (two register tiles of heads), 3 and 2 (tiles of 8 keys, blocks of 16 keys
+        # ending in a part tile), over head sizes with and without the register-held value sums (64 and 128; 72)
         return [attention_args([1, 37, 100], 8, 2, 128, *d), attention_args([16], 4, 4, 64, *d),
-                attention_args([5, 33], 12, 2, 72, *d), attention_args([7, 40], 6, 2, 64, *d)]
+                attention_args([5, 33], 12, 2, 72, *d), attention_args([7, 40], 6, 2, 64, *d),
+                attention_args([3, 45, 190], 8, 4, 64, *d)]
     raise KeyError(op)
 
 

@@ -75,6 +75,27 @@ inline void weighted_values(const T* vc, const I* table, int64_t len, int64_t bl
 }
 #endif
 
+// s[g * len + i] = scale * dot(key i, query head g) for the n keys of one block: tiles of R keys by up to TT
+// query heads. A group of 1-2 heads takes 8 keys a tile: with 4 keys by 2 heads the tile holds 8
+// accumulators, each summed across its lanes on its own; 8 x 2 fills the 16 that one transposing reduction
+// sums together (tile_dot.h), a third of the instructions per key at head size 64.
+template <int R, int TT, typename T>
+inline void block_scores(const T* block, int64_t n, int64_t row_stride, const T* const* qrows, int64_t group,
+                         int64_t dim, float scale, float* s, int64_t len) {
+  for (int64_t i = 0; i < n; i += R) {
+    const T* rows[R];
+    for (int r = 0; r < R; ++r) rows[r] = block + std::min<int64_t>(i + r, n - 1) * row_stride;
+    const int live = int(std::min<int64_t>(R, n - i));
+    for (int64_t g0 = 0; g0 < group; g0 += TT) {
+      const int nt = int(std::min<int64_t>(TT, group - g0));
+      float r[R][TT];
+      tile_dot<R, TT>(rows, qrows + g0, nt, dim, r);
+      for (int pr = 0; pr < live; ++pr)
+        for (int t = 0; t < nt; ++t) s[(g0 + t) * len + i + pr] = r[pr][t] * scale;
+    }
+  }
+}
+
 template <typename T, typename I>
 void paged_attention_rows(const T* q, const T* kc, const T* vc, const I* tables, const I* lens,
                           T* out, int64_t batch, int64_t hq, int64_t hk, int64_t dim,
@@ -100,18 +121,9 @@ void paged_attention_rows(const T* q, const T* kc, const T* vc, const I* tables,
             prefetch_block(kc + int64_t(table[p0 / block_size + 1]) * block_size * row_stride + h * dim,
                            std::min(block_size, len - p0 - block_size), row_stride, dim);
           prefetch_block(vc + int64_t(table[p0 / block_size]) * block_size * row_stride + h * dim, n, row_stride, dim);
-          for (int64_t i = 0; i < n; i += 4) {
-            const T* rows[4];
-            for (int r = 0; r < 4; ++r) rows[r] = block + std::min(i + r, n - 1) * row_stride;
-            const int live = int(std::min<int64_t>(4, n - i));
-            for (int64_t g0 = 0; g0 < group; g0 += kTileTokens) {
-              const int nt = int(std::min<int64_t>(kTileTokens, group - g0));
-              float r[4][kTileTokens];
-              tile_dot<4>(rows, qrows.data() + g0, nt, dim, r);
-              for (int pr = 0; pr < live; ++pr)
-                for (int t = 0; t < nt; ++t) scores[(g0 + t) * len + p0 + i + pr] = r[pr][t] * scale;
-            }
-          }
+          float* s = scores.data() + p0;
+          if (group <= 2) block_scores<8, 2>(block, n, row_stride, qrows.data(), group, dim, scale, s, len);
+          else block_scores<4, 4>(block, n, row_stride, qrows.data(), group, dim, scale, s, len);
         }
         for (int64_t g = 0; g < group; ++g) {
           float* s = scores.data() + g * len;

@@ -1,5 +1,5 @@
-// Register-tiled dot products: R weight rows against up to TT activation rows at once (4 x 4 or 2 x 8:
-// 16 accumulators), so each weight vector loaded from memory feeds TT multiply-adds. Decode is bound by
+// Register-tiled dot products: R weight rows against up to TT activation rows at once (4 x 4, 2 x 8 or
+// 8 x 2: 16 accumulators), so each weight vector loaded from memory feeds TT multiply-adds. Decode is bound by
 // streaming the weights, and this reads each weight row once per tile of tokens (from L1 for the second
 // tile on). bf16 uses the
 // AVX512-BF16 dot-product instruction (two bf16 products summed into an fp32 lane), fp32 plain FMA; a
@@ -120,21 +120,26 @@ inline void tile_dot_n(const uint16_t* const* w, const uint16_t* const* x, int64
 // out[r][t] = dot(w[r], x[t]) for r < R and t < nt (1..TT): R rows by TT tokens, at most 16 accumulators.
 template <int R, int TT = kTileTokens, typename T>
 inline void tile_dot(const T* const* w, const T* const* x, int nt, int64_t len, float (*out)[TT]) {
-  static_assert(R * TT <= 16 && (TT == 4 || TT == 8), "tile_dot: 4 or 8 tokens, 16 accumulators at most");
-  switch (nt) {
-    case 1: return tile_dot_n<R, 1, TT>(w, x, len, out);
-    case 2: return tile_dot_n<R, 2, TT>(w, x, len, out);
-    case 3: return tile_dot_n<R, 3, TT>(w, x, len, out);
-  }
-  if constexpr (TT == 4) {
-    return tile_dot_n<R, 4, TT>(w, x, len, out);
+  static_assert(R * TT <= 16 && (TT == 2 || TT == 4 || TT == 8), "tile_dot: 2, 4 or 8 tokens, 16 accumulators at most");
+  if constexpr (TT == 2) {
+    if (nt == 1) return tile_dot_n<R, 1, TT>(w, x, len, out);
+    return tile_dot_n<R, 2, TT>(w, x, len, out);
   } else {
     switch (nt) {
-      case 4: return tile_dot_n<R, 4, TT>(w, x, len, out);
-      case 5: return tile_dot_n<R, 5, TT>(w, x, len, out);
-      case 6: return tile_dot_n<R, 6, TT>(w, x, len, out);
-      case 7: return tile_dot_n<R, 7, TT>(w, x, len, out);
-      default: return tile_dot_n<R, 8, TT>(w, x, len, out);
+      case 1: return tile_dot_n<R, 1, TT>(w, x, len, out);
+      case 2: return tile_dot_n<R, 2, TT>(w, x, len, out);
+      case 3: return tile_dot_n<R, 3, TT>(w, x, len, out);
+    }
+    if constexpr (TT == 4) {
+      return tile_dot_n<R, 4, TT>(w, x, len, out);
+    } else {
+      switch (nt) {
+        case 4: return tile_dot_n<R, 4, TT>(w, x, len, out);
+        case 5: return tile_dot_n<R, 5, TT>(w, x, len, out);
+        case 6: return tile_dot_n<R, 6, TT>(w, x, len, out);
+        case 7: return tile_dot_n<R, 7, TT>(w, x, len, out);
+        default: return tile_dot_n<R, 8, TT>(w, x, len, out);
+      }
     }
   }
 }
