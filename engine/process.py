@@ -38,8 +38,11 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def port_free(host: str, port: int) -> bool:
-    """Nobody listens on `port` now (a restarted service takes its old port back when it can)."""
+    """Nobody listens on `port` now, so a server may bind it. With SO_REUSEADDR, as uvicorn binds: connections
+    of a stopped server left in TIME-WAIT do not make its port read as busy (a restarted controller takes
+    its old port back, and the router that watches that URL is kept)."""
     with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
         except OSError:

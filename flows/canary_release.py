@@ -1,40 +1,79 @@
 """canary_release: bring the new version up at weight 0, shift traffic step by step behind metric gates,
-then promote it or roll back."""
+then promote it or roll back. A rollback ends the run Failed (state "RolledBack"), with the verdict in its
+artifacts: a release that did not happen is never shown green."""
 
 from __future__ import annotations
 
 from prefect import flow
+from prefect.states import Completed, Failed, State
 from pydantic import BaseModel, Field
 
 from engine.canary import CanaryPlan
 from engine.canary.rollout import CanaryError, CanaryReport
 from engine.control.client import ControlClient
+from engine.control.models import GroupView
+from engine.group.manager import GroupState
 from flows.deploy_group import deploy_group
 from flows.params import DeployParams
 from tasks.canary import collect_metrics, promote, rollback, shift_traffic, validate_metrics
+from tasks.fleet import changing_fleet
+
+ROLLED_BACK = "RolledBack"
 
 
 class CanaryParams(BaseModel):
-    stable: str | None = Field(None, description="the group serving now (default: the one serving group of the fleet)")
+    stable: str | None = Field(None, description="the group serving now (default: the serving group of another "
+                                                 "version with the most traffic)")
     canary: DeployParams = Field(default_factory=lambda: DeployParams(name="tiny-pd-canary", version="v2", weight=0.0),
                                  description="the new version's group (comes up at weight 0)")
     plan: CanaryPlan = Field(default_factory=CanaryPlan, description="steps, holds, gates, what follows")
     prometheus_url: str | None = Field(None, description="query Prometheus instead of scraping /metrics directly")
 
 
-def serving_group(exclude: str) -> str:
-    """The one group taking traffic now (an event-triggered canary names no stable group)."""
-    with ControlClient.connect() as client:
-        serving = sorted(g["name"] for g in client.groups() if g["weight"] > 0 and g["name"] != exclude)
-    if len(serving) != 1:
-        raise CanaryError(f"params.stable is unset and {len(serving)} groups serve ({', '.join(serving) or 'none'}): "
+def stable_group(groups: list[GroupView], canary: str, version: str | None) -> str:
+    """What an event-triggered canary replaces: of the groups serving another version than the canary's, the one
+    with the most traffic (a tidal pool beside the release group serves at a small weight and is not it)."""
+    serving = [g for g in groups if g.state == GroupState.READY and g.weight > 0 and g.name != canary
+               and (version is None or g.version != version)]
+    if not serving:
+        raise CanaryError(f"params.stable is unset and no group of another version serves: nothing to replace "
+                          f"(fleet: {_fleet(groups)})")
+    top = max(g.weight for g in serving)
+    leaders = sorted(g.name for g in serving if g.weight == top)
+    if len(leaders) > 1:
+        raise CanaryError(f"params.stable is unset and {', '.join(leaders)} serve with the same weight {top:g}: "
                           "name the stable group")
-    return serving[0]
+    return leaders[0]
+
+
+def already_serving(groups: list[GroupView], canary: str) -> GroupView | None:
+    """The canary's group when it takes traffic already (this version was rolled out before)."""
+    return next((g for g in groups if g.name == canary and g.weight > 0 and g.state != GroupState.STOPPED), None)
+
+
+def _fleet(groups: list[GroupView]) -> str:
+    return ", ".join(f"{g.name} {g.version} ({g.state.value}, weight {g.weight:g})" for g in groups) or "no groups"
 
 
 @flow(name="canary_release", log_prints=True)
-def canary_release(params: CanaryParams = CanaryParams()) -> CanaryReport:
-    stable = params.stable or serving_group(exclude=params.canary.name or "")
+def canary_release(params: CanaryParams = CanaryParams()) -> State:
+    """Completed with the report when promoted; Failed ("RolledBack") with the report when rolled back."""
+    name = params.canary.name or "canary"
+    with ControlClient.connect() as client:
+        groups = client.status().groups
+    serving = already_serving(groups, name)
+    if serving is not None:
+        raise CanaryError(f"group {name} already serves {serving.version} at weight {serving.weight:g}: this version "
+                          "was rolled out before; nothing to canary")
+    stable = params.stable or stable_group(groups, name, params.canary.version)
+    with changing_fleet(f"canary {name} over {stable}"):
+        report = _roll_out(params, stable)
+    if report.decision == "promoted":
+        return Completed(message=f"{name} promoted over {stable}: {report.reason}", data=report)
+    return Failed(name=ROLLED_BACK, message=f"{name} rolled back, {stable} serves: {report.reason}", data=report)
+
+
+def _roll_out(params: CanaryParams, stable: str) -> CanaryReport:
     name = deploy_group(params.canary.model_copy(update={"weight": 0.0})).name
     steps = []
     try:

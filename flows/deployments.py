@@ -5,8 +5,10 @@ the YAML is validated here (pydantic), schedules become `prefect.schedules.Cron`
 
 from __future__ import annotations
 
+import os
 from importlib import resources
 from pathlib import Path
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import yaml
 from prefect.events import DeploymentEventTrigger
@@ -31,8 +33,18 @@ class CronEntry(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     cron: str
-    timezone: str = "UTC"
+    timezone: str | None = Field(None, description="IANA zone; unset: `schedule_timezone()`")
     active: bool = True
+
+
+def schedule_timezone() -> str:
+    """The zone of crons that name none: $TZ when it is an IANA name (Asia/Shanghai), else UTC."""
+    zone = os.environ.get("TZ", "").lstrip(":")
+    try:
+        ZoneInfo(zone)
+    except (ValueError, ZoneInfoNotFoundError):
+        return "UTC"
+    return zone or "UTC"
 
 
 class DeploymentEntry(BaseModel):
@@ -71,5 +83,6 @@ def load_deployments(prefect_yaml: Path) -> list:
         flow = load_flow_from_entrypoint(str(ENTRYPOINT_ROOT / entry.entrypoint), use_placeholder_flow=False)
         deployments.append(flow.to_deployment(
             name=entry.name, description=entry.description, parameters=entry.parameters, triggers=entry.triggers,
-            schedules=[Cron(s.cron, timezone=s.timezone, active=s.active) for s in entry.schedules]))
+            schedules=[Cron(s.cron, timezone=s.timezone or schedule_timezone(), active=s.active)
+                       for s in entry.schedules]))
     return deployments

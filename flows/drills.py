@@ -9,17 +9,22 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from prefect import flow
+from prefect import flow, get_run_logger
 from pydantic import BaseModel, Field
 
 from engine.control import discovery
 from engine.control.client import ControlClient
+from engine.control.models import GroupView
 from engine.drills.fault import FaultDrillReport, FaultDrillSpec
 from engine.drills.results import LoadDrillReport
 from engine.drills.spec import LoadDrillSpec
+from engine.errors import TideflowError
+from engine.group.manager import GroupState
 from engine.group.spec import InferenceGroup
 from engine.paths import home
+from engine.router.registry import GROUP_NAME_PATTERN
 from tasks.drills import restore_after_standby_drill, run_fault_drill, run_load_drill, start_standby_copy
+from tasks.fleet import changing_fleet
 from tasks.groups import await_group_ready, start_group
 
 DRILL_KEY_ENV = "TIDEFLOW_DRILL_API_KEY"
@@ -37,15 +42,48 @@ class LoadDrillParams(BaseModel):
 
 
 class FaultDrillParams(BaseModel):
-    group: str = Field("tiny-pd", description="group to hit")
+    group: str | None = Field(None, pattern=GROUP_NAME_PATTERN,
+                              description="group to hit; default: the serving group with the most traffic")
     target: str = Field("decode", description="prefill | decode | colocated | encoder | expert | router | controller")
     repeats: int = Field(1, ge=1, le=20)
     rate: float = Field(4.0, gt=0, description="background load, req/s")
     duration_s: float = Field(4.0, gt=0, description="seconds of load per repeat")
-    spec_file: Path = Field(Path("deployments/groups/tiny-pd.yaml"),
-                            description="group to bring up for the drill when the fleet has no `group`")
+    allow_serving: bool = Field(False, description="needed to drill a group that takes traffic: its clients' streams "
+                                                   "are cut at the kill (migrated, or failed)")
+    create_if_missing: bool = Field(False, description="when the fleet has no group named `group`: bring it up from "
+                                                       "`spec_file` under that name for the drill, delete it afterwards")
+    spec_file: Path = Field(Path("deployments/groups/tiny-pd.yaml"), description="with create_if_missing: the shape "
+                                                                                 "of the group brought up")
     standby: bool = Field(False, description="drill 1 group + warm pool: a silent copy of the group is brought up "
                                              "first, takes over when the member dies, and is removed afterwards")
+
+
+class DrillRefused(TideflowError):
+    """The drill's parameters name no group it may hit; nothing was started or stopped."""
+
+
+def drill_target(params: FaultDrillParams, groups: list[GroupView]) -> tuple[str, bool]:
+    """(the group to hit, whether the drill brings it up itself). A name that is not in the fleet is an error
+    listing what is, never a fallback to another group; a serving group needs `allow_serving`."""
+    by_name = {g.name: g for g in groups}
+    serving = sorted((g for g in groups if g.state == GroupState.READY and g.weight > 0), key=lambda g: -g.weight)
+    fleet = ", ".join(f"{g.name} ({g.state.value}, weight {g.weight:g})" for g in groups) or "no groups"
+    if params.group is None:
+        if not serving:
+            raise DrillRefused(f"no group serves, and `group` is unset: name the group to drill (fleet: {fleet})")
+        name = serving[0].name
+    elif params.group in by_name:
+        name = params.group
+    elif params.create_if_missing:
+        return params.group, True
+    else:
+        raise DrillRefused(f"no group named {params.group!r}; the fleet has: {fleet}. Name one of them, or set "
+                           f"create_if_missing to bring {params.group!r} up from {params.spec_file} for the drill")
+    g = by_name[name]
+    if g.state == GroupState.READY and g.weight > 0 and not params.allow_serving:
+        raise DrillRefused(f"group {name} serves traffic (weight {g.weight:g}): set allow_serving to drill it; "
+                           "its clients' open streams are cut at the kill and must migrate")
+    return name, False
 
 
 def fleet_router() -> tuple[str, str]:
@@ -63,30 +101,40 @@ def load_drill(params: LoadDrillParams = LoadDrillParams()) -> LoadDrillReport:
     spec = LoadDrillSpec(url=url, model="default", api_key_env=key_env, steps=params.steps, hold_s=params.hold_s,
                          prompt_len=params.prompt_len, output_len=params.output_len, slo_ttft_ms=params.slo_ttft_ms,
                          slo_tpot_ms=params.slo_tpot_ms, out_dir=home() / "drills" / "load-latest")
-    return run_load_drill(spec)
+    if params.router_url:  # another fleet's router: this controller's lease says nothing about it
+        return run_load_drill(spec)
+    with changing_fleet("load drill"):  # its load would skew a canary's judge, and a scale's view of the load
+        return run_load_drill(spec)
 
 
 @flow(name="fault_drill", log_prints=True)
 def fault_drill(params: FaultDrillParams = FaultDrillParams()) -> FaultDrillReport:
-    """Kills a member of a serving group; when the fleet has no such group (a nightly drill on a fresh
-    machine) it first brings `spec_file` up and deletes it afterwards."""
+    """Kills a member of a group and proves it is rebuilt whole with nothing lost. It hits only the group it is
+    given (or the serving one), and deletes only a group it brought up itself (create_if_missing)."""
     with ControlClient.connect() as client:
-        own = params.group not in {g.name for g in client.status().groups}
-    if own:
-        spec = InferenceGroup.from_yaml(params.spec_file)
-        start_group(spec, weight=1.0)
-        await_group_ready(spec.name)
-        params = params.model_copy(update={"group": spec.name})
-    warm = start_standby_copy(params.group) if params.standby else None
-    try:
-        url, key_env = fleet_router()
-        load = LoadDrillSpec(url=url, model="default", api_key_env=key_env, rate=params.rate,
-                             duration_s=params.duration_s, expectations_suite=None, progress_bar=False)
-        return run_fault_drill(FaultDrillSpec(group=params.group, target=params.target, repeats=params.repeats,
-                                              load=load))
-    finally:
-        if warm is not None:
-            restore_after_standby_drill(params.group, warm)
+        name, own = drill_target(params, client.status().groups)
+    with changing_fleet(f"fault drill of {name}"):
         if own:
+            spec = InferenceGroup.model_validate({**InferenceGroup.from_yaml(params.spec_file).model_dump(), "name": name})
+            start_group(spec, weight=1.0)
+            await_group_ready(name)
+        else:
             with ControlClient.connect() as client:
-                client.delete(params.group)
+                drilled = client.group(name)
+            if not (drilled.state == GroupState.READY and drilled.weight > 0):
+                get_run_logger().warning("drilling %s, which takes no traffic (%s, weight %g): the drill proves the "
+                                         "rebuild, not that serving clients lose nothing", name, drilled.state.value,
+                                         drilled.weight)
+        params = params.model_copy(update={"group": name})
+        warm = start_standby_copy(name) if params.standby else None
+        try:
+            url, key_env = fleet_router()
+            load = LoadDrillSpec(url=url, model="default", api_key_env=key_env, rate=params.rate,
+                                 duration_s=params.duration_s, expectations_suite=None, progress_bar=False)
+            return run_fault_drill(FaultDrillSpec(group=name, target=params.target, repeats=params.repeats, load=load))
+        finally:
+            if warm is not None:
+                restore_after_standby_drill(name, warm)
+            if own:
+                with ControlClient.connect() as client:
+                    client.delete(name)

@@ -18,6 +18,8 @@ class WeightsParams(BaseModel):
     seed: int = Field(0, description="seed of the default model's weights (when model_dir is unset)")
     force: bool = Field(False, description="overwrite a version that exists with other content")
     deep_verify: bool = Field(False, description="re-hash every byte when verifying")
+    announce: bool = Field(True, description="emit tideflow.weights.published, which starts the canary-release "
+                                             "deployment's trigger; a release publishes without it (it runs its own canary)")
 
     def url(self) -> str:
         from engine.weights import default_store_url

@@ -42,18 +42,18 @@ def _release(args: argparse.Namespace) -> int:
     _prefect_home()
     _stop_on_sigterm()
     from engine.control.launch import ensure_controller, stop_controller
-    from flows.release import ReleaseParams, release
+    from flows.release import ReleaseParams, ReleaseSummary, release
 
     t0 = time.monotonic()
     started = ensure_controller()  # None: a controller already serves this home, and it stays as it is
     try:
         state = release(ReleaseParams(), return_state=True)
         took = time.monotonic() - t0
-        if not state.is_completed():
+        s = state.result(raise_on_failure=False)
+        if not isinstance(s, ReleaseSummary):  # it failed before it could sum up
             print(f"release failed after {took:.0f}s: {state.message}", file=sys.stderr)
             return 1
-        s = state.result()
-        print(f"\nrelease finished in {took:.0f}s")
+        print(f"\nrelease {'finished' if state.is_completed() else 'FAILED (' + state.name + ')'} in {took:.0f}s")
         print(f"  kernels verified: {s.kernels_ok}")
         print(f"  weights: {s.weights['v1']} (stable), {s.weights['v2']} (new)")
         print(f"  canary: {s.canary_decision} - {s.canary_reason}")
@@ -65,11 +65,10 @@ def _release(args: argparse.Namespace) -> int:
         print(f"  runs, artifacts and plots: `tideflow ui` (Prefect data in {os.environ['PREFECT_HOME']})")
         if args.keep_serving or started is None:
             print(f"  serving on {s.router}/v1 (`tideflow status`; `tideflow down` stops it)")
-        ok = s.canary_decision == "promoted" and s.fault_clean and s.load_accounted
-        return 0 if ok or not args.ci else 1
+        return 0 if state.is_completed() or not args.ci else 1
     finally:
         if started is not None and not args.keep_serving:
-            stop_controller(started)
+            print(f"release: {stop_controller(started)}")
 
 
 def _stop_on_sigterm() -> None:
@@ -112,6 +111,8 @@ def _ui(args: argparse.Namespace) -> int:
         pass
     finally:
         if controller is not None and not args.keep_serving:
-            stop_controller(controller)
+            print(f"tideflow ui: {stop_controller(controller)}", flush=True)
+        elif controller is None:
+            print("tideflow ui: the controller was already running before the UI started; it keeps serving", flush=True)
         server.stop()
     return 0

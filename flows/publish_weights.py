@@ -13,13 +13,13 @@ from tasks.weights import verify_weights
 
 @flow(name="publish_weights", log_prints=True)
 def publish_weights(params: WeightsParams = WeightsParams()) -> str:
-    """Returns the version's URL; emits tideflow.weights.published (the canary's trigger)."""
+    """Returns the version's URL; emits tideflow.weights.published (the canary's trigger) unless told not to."""
     src = params.model_dir
     if src is None:
         src = home() / "models" / f"{params.name}-seed{params.seed}"
         if not (src / "config.json").exists():
             write_default_model(src, DEFAULT_CONFIG, seed=params.seed)
     url = params.url()
-    publish_task(src, url, params.name, params.version, force=params.force)
+    publish_task(src, url, params.name, params.version, force=params.force, announce=params.announce)
     verify_weights(url, deep=params.deep_verify)
     return url

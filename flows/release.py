@@ -11,6 +11,7 @@ from pathlib import Path
 
 from prefect import flow
 from prefect.artifacts import create_markdown_artifact
+from prefect.states import Completed, Failed, State
 from pydantic import BaseModel, Field
 
 from engine.canary import CanaryPlan, CanaryStep
@@ -19,11 +20,12 @@ from engine.drills.load import run_load_drill as background_load
 from engine.drills.spec import LoadDrillSpec
 from engine.control.client import ControlClient
 from flows.build_kernels import build_kernels
-from flows.canary_release import CanaryParams, canary_release
+from flows.canary_release import ROLLED_BACK, CanaryParams, canary_release
 from flows.deploy_group import deploy_group
 from flows.drills import FaultDrillParams, LoadDrillParams, fault_drill, fleet_router, load_drill
 from flows.params import DeployParams, WeightsParams
 from flows.publish_weights import publish_weights
+from tasks.fleet import changing_fleet
 from tideflow_kernels.spec import BuildRequest
 
 
@@ -72,10 +74,24 @@ class ReleaseSummary(BaseModel):
 
 
 @flow(name="release", log_prints=True)
-def release(params: ReleaseParams = ReleaseParams()) -> ReleaseSummary:
+def release(params: ReleaseParams = ReleaseParams()) -> State:
+    """Completed with the summary when the new version was promoted and every drill held; Failed otherwise
+    (RolledBack when the canary was), still with the summary and its artifact."""
+    with changing_fleet("release"):
+        summary = _release(params)
+    create_markdown_artifact(key="release-summary", markdown=_markdown(summary))
+    if summary.canary_decision != "promoted":
+        return Failed(name=ROLLED_BACK, message=f"canary rolled back: {summary.canary_reason}", data=summary)
+    if not (summary.fault_clean and summary.load_accounted):
+        return Failed(message="the drills did not hold: see the release summary", data=summary)
+    return Completed(message=f"{params.new_group} serves", data=summary)
+
+
+def _release(params: ReleaseParams) -> ReleaseSummary:
     kernels = build_kernels(params.kernels)
-    stable_url = publish_weights(params.stable_weights)
-    new_url = publish_weights(params.new_weights)
+    # published without the event: this run canaries the new version itself, the trigger would start a second
+    stable_url = publish_weights(params.stable_weights.model_copy(update={"announce": False}))
+    new_url = publish_weights(params.new_weights.model_copy(update={"announce": False}))
     with ControlClient.connect() as client:
         serving = {g["name"] for g in client.groups() if g["weight"] > 0}
     if params.stable_group not in serving:
@@ -84,18 +100,22 @@ def release(params: ReleaseParams = ReleaseParams()) -> ReleaseSummary:
     traffic: dict = {}
     pump, stop = _background_traffic(params, traffic)
     try:
-        report = canary_release(CanaryParams(
+        state = canary_release(CanaryParams(
             stable=params.stable_group, plan=params.plan,
-            canary=DeployParams(spec_file=params.spec_file, name=params.new_group, version="v2", weights_url=new_url)))
+            canary=DeployParams(spec_file=params.spec_file, name=params.new_group, version="v2", weights_url=new_url)),
+            return_state=True)
+        if state.is_failed() and state.name != ROLLED_BACK:
+            state.result()  # raises the canary's own error
+        report = state.result(raise_on_failure=False)  # promoted, or rolled back: the release goes on to its drills
     finally:
         stop.set()
         if pump is not None:
             pump.join()
     winner = params.new_group if report.decision == "promoted" else params.stable_group
     drill = load_drill(params.load)
-    fault = fault_drill(params.fault.model_copy(update={"group": winner}))
+    fault = fault_drill(params.fault.model_copy(update={"group": winner, "allow_serving": True}))
     router_url, _ = fleet_router()
-    summary = ReleaseSummary(
+    return ReleaseSummary(
         router=router_url, kernels_ok=kernels.ok, weights={"v1": stable_url, "v2": new_url},
         canary_decision=report.decision, canary_reason=report.reason, serving=report.weights,
         load_capacity_rps=drill.capacity_rps, load_sent=drill.sent, load_ok=drill.ok, load_error=drill.error,
@@ -103,8 +123,6 @@ def release(params: ReleaseParams = ReleaseParams()) -> ReleaseSummary:
         fault_recover_s=[r.recover_s for r in fault.runs], fault_accounted=fault.accounted, fault_errors=fault.errors,
         fault_migrated=fault.migrated, fault_lost_tokens=fault.lost_tokens,
         fault_duplicated_tokens=fault.duplicated_tokens, fault_clean=fault.clean, canary_traffic=traffic)
-    create_markdown_artifact(key="release-summary", markdown=_markdown(summary))
-    return summary
 
 
 def _background_traffic(params: ReleaseParams, out: dict) -> tuple[threading.Thread | None, threading.Event]:

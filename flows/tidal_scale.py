@@ -11,10 +11,13 @@ from pydantic import BaseModel, Field
 
 from engine.control.client import ControlClient
 from engine.control.models import AutoscalerView
+from engine.errors import TideflowError
+from engine.group.manager import GroupState
 from engine.group.spec import InferenceGroup
 from engine.scaling.policy import Bounds, ScalingPolicy
 from engine.scaling.pool import ScaleResult
-from tasks.scaling import scale_to
+from tasks.fleet import changing_fleet
+from tasks.scaling import await_pool, pool_groups, scale_to
 
 
 class TidalParams(BaseModel):
@@ -23,13 +26,31 @@ class TidalParams(BaseModel):
     spec_file: Path = Field(Path("deployments/groups/tiny-colocated.yaml"), description="template of the pool's groups")
     bounds: Bounds = Field(default_factory=Bounds)
     warm_pool: int = Field(1, ge=0, description="standby groups kept loaded and warm")
+    confirm: bool = Field(False, description="needed to scale a pool that serves traffic down to 0 groups")
+    ready_timeout_s: float = Field(600.0, gt=0, description="the run fails unless the pool has reached its target "
+                                                            "(serving groups Ready and routed, refills parked) by then")
+
+
+class ScaleRefused(TideflowError):
+    """A scale that would take serving capacity away without `confirm`; nothing was changed."""
 
 
 @flow(name="tidal_scale", log_prints=True)
 def tidal_scale(params: TidalParams = TidalParams()) -> ScaleResult:
-    """Scale the fleet's pool of `spec_file` copies to `target` serving groups, standby groups first."""
+    """Scale the fleet's pool of `spec_file` copies to `target` serving groups, standby groups first; the run
+    ends once the pool is there (or fails at `ready_timeout_s`, the fleet's state in its artifact)."""
     template = InferenceGroup.from_yaml(params.spec_file)
-    return scale_to(template, params.target, params.bounds, params.warm_pool, params.floor)
+    with changing_fleet(f"tidal scale of pool {template.name} to {params.target}"):
+        if params.target == 0 and not params.confirm:
+            with ControlClient.connect() as client:
+                serving = [g.name for g in pool_groups(client.status().groups, template.name)
+                           if g.state == GroupState.READY and g.weight > 0]
+            if serving:
+                raise ScaleRefused(f"pool {template.name} serves traffic ({', '.join(serving)}): scaling it to 0 "
+                                   "takes that capacity away; set confirm to do it")
+        result = scale_to(template, params.target, params.bounds, params.warm_pool, params.floor)
+        await_pool(template.name, result.target, params.ready_timeout_s)
+    return result
 
 
 class AutoscalerParams(BaseModel):

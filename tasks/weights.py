@@ -26,14 +26,17 @@ def _feed(artifact: ProgressArtifact):
 
 @task(name="publish_weights", retries=3, retry_delay_seconds=BACKOFF, retry_jitter_factor=JITTER,
       retry_condition_fn=retry_unless_permanent, timeout_seconds=3600)
-def publish_weights(src: Path, dest: str, model: str, version: str, force: bool = False) -> PublishReport:
-    """Retried on store errors (a retry resumes from the parts already stored), never on a conflict."""
+def publish_weights(src: Path, dest: str, model: str, version: str, force: bool = False,
+                    announce: bool = True) -> PublishReport:
+    """Retried on store errors (a retry resumes from the parts already stored), never on a conflict. `announce`
+    emits tideflow.weights.published, the event the canary-release deployment is triggered by."""
     report = publish(src, dest, force=force, progress=_feed(ProgressArtifact("publish-weights", f"publishing {src} to {dest}")))
     get_run_logger().info("published %s: %d parts uploaded, %d reused, %d files unchanged", report.url,
                           report.parts_uploaded, report.parts_reused, report.files_unchanged)
-    emit_event(event=PUBLISHED_EVENT, resource={"prefect.resource.id": f"tideflow.weights.{model}.{version}",
-                                                "tideflow.model": model, "tideflow.version": version},
-               payload={"url": report.url, "manifest_digest": report.manifest.digest})
+    if announce:
+        emit_event(event=PUBLISHED_EVENT, resource={"prefect.resource.id": f"tideflow.weights.{model}.{version}",
+                                                    "tideflow.model": model, "tideflow.version": version},
+                   payload={"url": report.url, "manifest_digest": report.manifest.digest})
     create_markdown_artifact(key="weights-published", markdown=(
         f"### Weights {model} {version}\n\n{report.url}\n\n| files | bytes uploaded | parts uploaded | parts reused |\n"
         f"|---|---|---|---|\n| {len(report.manifest.files)} | {report.bytes_uploaded} | {report.parts_uploaded} | {report.parts_reused} |"))

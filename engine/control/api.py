@@ -14,7 +14,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from engine.control.controller import ControlError, Controller
 from engine.control.routes import NotPublished
 from engine.control.models import (ApplyGroup, AutoscalerBody, AutoscalerView, CanaryRecord, FleetStatus,
-                                   GroupView, Killed, KillMember, ParkBody, ScalePool, Seconds, WeightsBody)
+                                   GroupView, Killed, KillMember, Lease, LeaseRequest, ParkBody, ScalePool, Seconds,
+                                   WeightsBody)
 from engine.control.store import Event
 from engine.router.registry import GROUP_NAME_PATTERN
 from engine.router.sync import RouteSet, RouterReport
@@ -109,6 +110,15 @@ def create_control_app(controller: Controller, on_down: Callable[[], None]) -> F
     @api.put("/v1/canary")
     def canary(body: CanaryRecord) -> CanaryRecord:
         return controller.record_canary(body)
+
+    @api.put("/v1/lease")
+    def lease(body: LeaseRequest) -> Lease:
+        """Take or renew the fleet lease; 409 while another flow run holds it."""
+        return call(controller.acquire_lease, body)
+
+    @api.delete("/v1/lease")
+    def release_lease(holder: Annotated[str, Query(min_length=1, max_length=200)]) -> dict:
+        return {"released": controller.release_lease(holder)}
 
     @api.get("/v1/router/groups")
     def router_groups() -> dict:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -85,12 +86,19 @@ def _controller(args: argparse.Namespace) -> int:
     discovery.register(info, controller.client_key)
     print(f"controller: {info.url} (pid {info.pid}); router: {controller.router_url}/v1 "
           f"(API key in {discovery.router_key_path()})", flush=True)
+    # uvicorn shuts down gracefully on SIGTERM/SIGINT, then raises the signal again under the handler it found:
+    # this one turns that into an exit through `finally`, so the registration never outlives the controller.
+    signal.signal(signal.SIGTERM, _exit_on_signal)
     try:
         server.run()
     finally:
         controller.close(stop_fleet=False)  # after `down` a no-op; on SIGTERM the fleet keeps serving
         discovery.unregister(info.pid)
     return 0
+
+
+def _exit_on_signal(_signum: int, _frame) -> None:
+    raise SystemExit(0)  # a stop that was asked for, carried out
 
 
 def _router_replica(args: argparse.Namespace) -> int:

@@ -9,7 +9,7 @@ import httpx
 
 from engine.control import discovery
 from engine.control.models import (ApplyGroup, AutoscalerBody, AutoscalerView, CanaryRecord, FleetStatus, GroupView,
-                                   Killed, KillMember, ParkBody, ScalePool, Seconds)
+                                   Killed, KillMember, Lease, LeaseRequest, ParkBody, ScalePool, Seconds)
 from engine.control.store import Event
 from engine.errors import TideflowError
 from engine.group.manager import GroupState
@@ -103,6 +103,13 @@ class ControlClient:
 
     def record_canary(self, record: CanaryRecord) -> CanaryRecord:
         return CanaryRecord.model_validate(self._call("PUT", "/v1/canary", json=record.model_dump()))
+
+    def acquire_lease(self, holder: str, purpose: str, ttl_s: float = 120.0) -> Lease:
+        body = LeaseRequest(holder=holder, purpose=purpose, ttl_s=ttl_s)
+        return Lease.model_validate(self._call("PUT", "/v1/lease", json=body.model_dump()))
+
+    def release_lease(self, holder: str) -> bool:
+        return self._call("DELETE", "/v1/lease", params={"holder": holder})["released"]
 
     def events(self, limit: int = 200) -> list[Event]:
         return [Event.model_validate(e) for e in self._call("GET", "/v1/events", params={"limit": limit})]

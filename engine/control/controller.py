@@ -16,7 +16,7 @@ import time
 
 from engine.control.metrics import CanaryGauge, ControllerMetrics, FleetSnapshot
 from engine.control.models import (ApplyGroup, AutoscalerBody, AutoscalerView, CanaryRecord, FleetStatus, GroupView,
-                                   Killed, KillMember, MemberView, ScalePool)
+                                   Killed, KillMember, Lease, LeaseRequest, MemberView, ScalePool)
 from engine.control.routes import RouteTable
 from engine.control.local_runtime import LocalRuntime
 from engine.control.runtime import ControllerConfig, Runtime
@@ -31,6 +31,7 @@ from engine.scaling.autoscaler import Autoscaler
 from engine.scaling.observe import SetObserver
 from engine.scaling.policy import Bounds
 from engine.scaling.pool import ScaleResult, WarmPool
+from engine.transfer.shm import reap_orphan_segments
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +60,7 @@ class Controller:
         self._member_key = self.store.secret("member")  # router and controller -> members only
         self.routes = RouteTable()
         self._lock = threading.RLock()  # one mutation at a time: API calls and reconcile passes
+        self._lease_lock = threading.Lock()  # the lease alone: a renewal never waits behind a long scale
         self._stop = threading.Event()
         self._stoppers: dict[str, threading.Thread] = {}
         self.pools: dict[str, WarmPool] = {}
@@ -117,9 +119,14 @@ class Controller:
                 if (g is None or g.status.state == GroupState.STOPPED) and name not in self._stoppers:
                     self.manager.up(want.spec, standby=want.standby, weight=want.weight)
             for name, g in list(managed.items()):
-                if name not in desired and g.status.state not in _GONE and name not in self._stoppers:
+                if name in desired or name in self._stoppers:
+                    continue
+                if g.status.state in _GONE:
+                    managed.pop(name, None)  # deleted and stopped: status no longer lists it
+                else:
                     self._stop_in_background(g)
             self._stoppers = {n: t for n, t in self._stoppers.items() if t.is_alive()}
+        reap_orphan_segments()  # KV segments of members that died mid-transfer
 
     def _replace(self, fallen: ManagedGroup, why: str) -> None:
         """Warm replacement, on the fallen group's supervisor thread the moment it leaves the router: a standby
@@ -185,22 +192,28 @@ class Controller:
             self.store.event("delete", f"group {name}")
         if g is not None and g.status.state not in _GONE:
             g.drain_and_stop(drain_s)
+        with self._lock:
+            if self.manager.groups.get(name) is g and name not in self.store.groups():
+                self.manager.groups.pop(name, None)
 
     def set_weights(self, weights: dict[str, float]) -> dict[str, float]:
+        """All or nothing: the route set takes every weight, and only then are they stored as desired state. A
+        weight the routers refused is never kept, so a restarted controller serves what the routers served."""
         with self._lock:
             desired = self.store.groups()
             unknown = sorted(set(weights) - set(desired))
             if unknown:
                 raise ControlError(404, f"unknown groups: {', '.join(unknown)}")
+            try:
+                applied = self.routes.set_weights(weights)  # checks every name before it changes any
+            except RouterAdminError as exc:
+                raise ControlError(409, f"no weight changed: {exc}") from None
             for name, w in weights.items():
                 self.store.put_group(desired[name].model_copy(update={"weight": w}))
                 if name in self.manager.groups:
                     self.manager.groups[name].weight = w
             self.store.event("weights", ", ".join(f"{n} {w:g}" for n, w in sorted(weights.items())))
-            try:
-                return self.routes.set_weights(weights)
-            except RouterAdminError as exc:
-                raise ControlError(409, f"weights stored; they apply once the groups are Ready: {exc}") from None
+            return applied
 
     def activate(self, name: str) -> float:
         g = self._group(name)
@@ -358,7 +371,7 @@ class Controller:
         canary = self.store.canary()
         return FleetStatus(router_url=self.router_url, router_pid=self.runtime.router_pid(), backend=self.config.backend,
                            router_replicas=self.routes.replicas(), controller_pid=os.getpid(), groups=[self.view(n) for n in names],
-                           canary=CanaryRecord.model_validate_json(canary) if canary else None)
+                           canary=CanaryRecord.model_validate_json(canary) if canary else None, lease=self.lease())
 
     def record_canary(self, record: CanaryRecord) -> CanaryRecord:
         record = record.model_copy(update={"at": time.time()})
@@ -368,6 +381,39 @@ class Controller:
         what = record.decision or f"step {record.step} at {record.percent:g} %"
         self.store.event("canary", f"{record.canary} over {record.stable}: {what} {record.reason}".strip())
         return record
+
+    # -- the fleet lease: one changing flow run at a time ------------------------------------------------
+    def lease(self) -> Lease | None:
+        """The live lease (a lapsed one counts as none)."""
+        body = self.store.lease()
+        lease = Lease.model_validate_json(body) if body else None
+        return lease if lease is not None and lease.expires_at > time.time() else None
+
+    def acquire_lease(self, body: LeaseRequest) -> Lease:
+        """Granted when nobody holds the fleet, or renewed for its holder; 409 naming the holder otherwise.
+        Durable in the store: a restarted controller still refuses a second canary while the first runs."""
+        with self._lease_lock:
+            now, held = time.time(), self.lease()
+            if held is not None and held.holder != body.holder:
+                raise ControlError(409, f"the fleet is being changed by {held.purpose} (run {held.holder}, for "
+                                        f"{now - held.acquired_at:.0f}s; the lease lapses in {held.expires_at - now:.0f}s "
+                                        "unless renewed): start this run again once that one has ended")
+            lease = Lease(holder=body.holder, purpose=body.purpose, acquired_at=held.acquired_at if held else now,
+                          expires_at=now + body.ttl_s)
+            self.store.put_lease(lease.model_dump_json())
+            if held is None:
+                self.store.event("lease", f"{body.purpose} ({body.holder}) holds the fleet")
+            return lease
+
+    def release_lease(self, holder: str) -> bool:
+        """Let go; False when `holder` did not hold it (it lapsed, or another run holds it now)."""
+        with self._lease_lock:
+            held = self.lease()
+            if held is None or held.holder != holder:
+                return False
+            self.store.put_lease(None)
+            self.store.event("lease", f"{held.purpose} ({holder}) let the fleet go")
+            return True
 
     def _snapshot(self) -> FleetSnapshot:
         """What Prometheus reads of the fleet now (engine.control.metrics)."""
@@ -403,6 +449,7 @@ class Controller:
                 for t in self._stoppers.values():
                     t.join(timeout=drain_s + 30)
                 self.runtime.stop_leftovers()
+                reap_orphan_segments()
                 self.store.event("down", "every group and the router stopped")
 
 

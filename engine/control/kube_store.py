@@ -7,7 +7,7 @@ at all. The LWSes still carry the group's labels, which is how a restarted contr
 
 The controller is this ConfigMap's only writer (the Deployment runs one replica with the Recreate
 strategy), so state is read once at start, kept in memory, and written through with one merge patch
-per change; keys: `group.<name>`, `autoscaler.<name>`, `canary`, `setting.<name>`, `events`.
+per change; keys: `group.<name>`, `autoscaler.<name>`, `canary`, `lease`, `setting.<name>`, `events`.
 
 Keys are not kept here: they come from a Secret mounted as environment variables
 (`TIDEFLOW_SECRET_<NAME>`, see deployments/kubernetes/controller.yaml).
@@ -117,6 +117,12 @@ class KubeStore:
 
     def canary(self) -> str | None:
         return self._data.get("canary")
+
+    def put_lease(self, body_json: str | None) -> None:
+        self._write({"lease": body_json})
+
+    def lease(self) -> str | None:
+        return self._data.get("lease")
 
     # -- keys and events -----------------------------------------------------------------------------------
     def secret(self, name: str) -> str:

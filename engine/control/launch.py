@@ -43,16 +43,31 @@ def ensure_controller(timeout_s: float = 180.0) -> Child | None:
     raise discovery.NoController(f"`tideflow controller` did not answer within {timeout_s:.0f}s: {child.log_tail()}")
 
 
-def stop_controller(child: Child) -> None:
-    """`tideflow down` for a controller started by `ensure_controller`: every group, the router, the controller
-    (from its store when it no longer answers)."""
+def stop_controller(child: Child) -> str:
+    """`tideflow down` for the controller `ensure_controller` started, and only for it: every group, the router,
+    the controller (from the store it left when it died with nobody in its place). A controller that answers
+    here now but is not `child` (started by hand, or by another command, after `child` died) is someone else's:
+    it is left serving. Returns what was done, for the caller to say."""
     try:
-        with ControlClient.connect() as client:
-            client.down()
-        deadline = time.monotonic() + 60
-        while child.alive() and time.monotonic() < deadline:  # it exits by itself after `down`
-            time.sleep(0.1)
-    except (ControlAPIError, discovery.NoController):
+        info = discovery.find()
+    except discovery.NoController:
+        info = None
+    try:
+        if info is not None and info.pid == child.pid and child.alive():
+            try:
+                with ControlClient(info.url, info.admin_key) as client:
+                    client.down()
+            except ControlAPIError:
+                stop_recorded_fleet()
+                return "stopped the fleet of the controller started here (it no longer answered)"
+            deadline = time.monotonic() + 60
+            while child.alive() and time.monotonic() < deadline:  # it exits by itself after `down`
+                time.sleep(0.1)
+            return "stopped the controller started here, its groups and its router"
+        if info is not None and info.local_process_alive():
+            return (f"the controller started here is gone; the one serving now (pid {info.pid}, {info.url}) was not "
+                    "started here and keeps serving (`tideflow down` stops it)")
         stop_recorded_fleet()
+        return "the controller started here died; stopped what it had recorded"
     finally:
         child.stop(grace_s=30)

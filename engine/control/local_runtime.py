@@ -121,10 +121,23 @@ def router_env(store: Store) -> dict[str, str]:
             UPSTREAM_KEY_ENV: store.secret("member"), ROUTES_KEY_ENV: store.secret("routes")}
 
 
-def _keep_port(store: Store, host: str, asked: int) -> int:
-    """`asked`, else the port this controller had (when still free), else a free one; recorded for the next start."""
-    had = store.setting("controller_port")
-    port = asked or (int(had) if had and port_free(host, int(had)) else free_port(host))
+def _keep_port(store: Store, host: str, asked: int, reclaim_s: float = 15.0) -> int:
+    """`asked`, else the port this controller had, else a free one; recorded for the next start.
+
+    The port it had is waited for up to `reclaim_s` while a controller that was just killed lets it go: a
+    new port would change the URL every adopted router watches, and they would be replaced."""
+    had = int(store.setting("controller_port") or 0)
+    port = asked
+    if not port and had:
+        deadline = time.monotonic() + reclaim_s
+        while not port_free(host, had) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if port_free(host, had):
+            port = had
+        else:
+            store.event("controller", f"port {had} is still taken after {reclaim_s:g}s; taking another one "
+                                      "(routers watching the old URL are replaced)")
+    port = port or free_port(host)
     store.set_setting("controller_port", str(port))
     return port
 

@@ -85,6 +85,23 @@ class CanaryRecord(BaseModel):
     at: float = Field(0.0, description="unix time of the last update (set by the controller)")
 
 
+class LeaseRequest(BaseModel):
+    """Ask for (or renew) the fleet lease: the one flow run allowed to change the fleet until it lets go."""
+
+    holder: str = Field(min_length=1, max_length=200, pattern=r"^[\w.:@/ -]+$",
+                        description="who asks: the flow run's id and name; the same holder renews")
+    purpose: str = Field(min_length=1, max_length=300, description="what it changes, told to whoever is refused")
+    ttl_s: float = Field(120.0, ge=5, le=3600, allow_inf_nan=False,
+                         description="the lease lapses this long after the last renewal (a crashed run frees it)")
+
+
+class Lease(BaseModel):
+    holder: str
+    purpose: str
+    acquired_at: float = Field(description="unix time it was first granted to this holder")
+    expires_at: float = Field(description="unix time it lapses unless renewed")
+
+
 class FleetStatus(BaseModel):
     router_url: str
     router_pid: int | None = Field(None, description="the router process on the local backend")
@@ -93,6 +110,7 @@ class FleetStatus(BaseModel):
     controller_pid: int
     groups: list[GroupView]
     canary: CanaryRecord | None = Field(None, description="the latest canary rollout")
+    lease: Lease | None = Field(None, description="the flow run changing the fleet now, if any")
 
 
 class ParkBody(BaseModel):

@@ -80,6 +80,10 @@ class StateStore(Protocol):
 
     def canary(self) -> str | None: ...
 
+    def put_lease(self, body_json: str | None) -> None: ...
+
+    def lease(self) -> str | None: ...
+
     def secret(self, name: str) -> str: ...
 
     def event(self, kind: str, message: str) -> None: ...
@@ -171,6 +175,16 @@ class Store:
     def canary(self) -> str | None:
         rows = self._run("SELECT body FROM canary")
         return rows[0][0] if rows else None
+
+    # -- the fleet lease (one changing flow run at a time) ---------------------------------------------------
+    def put_lease(self, body_json: str | None) -> None:
+        if body_json is None:
+            self._run("DELETE FROM settings WHERE name = 'lease'")
+        else:
+            self.set_setting("lease", body_json)
+
+    def lease(self) -> str | None:
+        return self.setting("lease")
 
     # -- secrets and events -----------------------------------------------------------------------
     def secret(self, name: str) -> str:

@@ -2,19 +2,45 @@
 
 One copy on each side: prefill exports KV blocks straight into the segment, decode imports them
 straight out of it. The receiver unlinks a segment once consumed; the sender unlinks the ones
-nobody claimed within `ttl_s` (a decode worker died mid-request, say).
+nobody claimed within `ttl_s` (a decode worker died mid-request, say). A segment's name carries the
+sender's pid, so what a dead sender left behind is found and unlinked by `reap_orphan_segments`.
 """
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 import _posixshmem
+from pathlib import Path
 from multiprocessing import resource_tracker, shared_memory
 
 from engine.transfer.base import KVReceiver, KVSender, KVTransferError, TransferDescriptor
 
 PREFIX = "tideflow-kv-"
+SHM_DIR = Path("/dev/shm")
+
+
+def segment_name(transfer_id: str, pid: int | None = None) -> str:
+    """tideflow-kv-<sender pid>-<transfer id>."""
+    return f"{PREFIX}{os.getpid() if pid is None else pid}-{transfer_id}"
+
+
+def reap_orphan_segments(shm_dir: Path = SHM_DIR) -> list[str]:
+    """Unlink the KV segments whose sender process is gone (killed mid-transfer, or stopped with transfers
+    nobody claimed); returns their names. A segment still mapped by a receiver stays readable until closed."""
+    reaped = []
+    try:
+        entries = list(shm_dir.iterdir())
+    except OSError:
+        return reaped
+    for entry in entries:
+        pid_text = entry.name[len(PREFIX):].split("-", 1)[0] if entry.name.startswith(PREFIX) else ""
+        if not pid_text.isdigit() or Path(f"/proc/{pid_text}").exists():
+            continue
+        _unlink(entry.name)
+        reaped.append(entry.name)
+    return reaped
 
 
 def _untracked(segment: shared_memory.SharedMemory) -> shared_memory.SharedMemory:
@@ -32,7 +58,7 @@ class ShmSender(KVSender):
 
     def stage(self, transfer_id: str, nbytes: int) -> memoryview:
         self.expire()
-        seg = _untracked(shared_memory.SharedMemory(name=PREFIX + transfer_id, create=True, size=max(nbytes, 1)))
+        seg = _untracked(shared_memory.SharedMemory(name=segment_name(transfer_id), create=True, size=max(nbytes, 1)))
         with self._lock:
             self._segments[transfer_id] = seg
             self._staged[transfer_id] = (nbytes, time.monotonic())
@@ -46,7 +72,7 @@ class ShmSender(KVSender):
             self._staged[transfer_id] = (nbytes, time.monotonic())
         seg.close()
         return TransferDescriptor(transport="shm", transfer_id=transfer_id, nbytes=nbytes,
-                                  location={"name": PREFIX + transfer_id})
+                                  location={"name": segment_name(transfer_id)})
 
     def discard(self, transfer_id: str) -> None:
         with self._lock:
@@ -54,7 +80,7 @@ class ShmSender(KVSender):
             self._staged.pop(transfer_id, None)
         if seg is not None:
             seg.close()
-        _unlink(PREFIX + transfer_id)
+        _unlink(segment_name(transfer_id))
 
     def expire(self) -> None:
         now = time.monotonic()
@@ -63,7 +89,7 @@ class ShmSender(KVSender):
             for k in old:
                 del self._staged[k]
         for k in old:
-            _unlink(PREFIX + k)
+            _unlink(segment_name(k))
 
     def close(self) -> None:
         with self._lock:

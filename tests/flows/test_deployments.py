@@ -13,7 +13,7 @@ import pytest
 
 import flows
 from flows.deployments import (ENTRYPOINT_ROOT, SHIPPED_PREFECT_FILE, DeploymentsFileError, deployment_entries,
-                               load_deployments)
+                               load_deployments, schedule_timezone)
 from tasks.weights import PUBLISHED_EVENT
 
 REPO = Path(__file__).resolve().parents[2]
@@ -30,7 +30,8 @@ def test_the_shipped_file_is_package_data_so_an_installed_tideflow_ui_finds_it()
 def test_every_flow_has_a_deployment_whose_entrypoint_imports():
     configs = {c.name: c for c in deployment_entries(PREFECT_YAML)}
     assert set(configs) == {"build-kernels", "publish-weights", "deploy-group", "canary-release", "load-drill-nightly",
-                            "fault-drill-nightly", "tidal-scale-up", "tidal-scale-down", "autoscaler", "release"}
+                            "fault-drill-nightly", "tidal-scale-up", "tidal-scale-down", "autoscaler", "fleet-status",
+                            "release"}
     for config in configs.values():
         flow = load_flow_from_entrypoint(str(ENTRYPOINT_ROOT / config.entrypoint), use_placeholder_flow=False)
         assert flow.name == config.entrypoint.rsplit(":", 1)[1]
@@ -42,8 +43,8 @@ def test_tidal_crons_nightly_drills_and_the_canary_trigger():
     def crons(name):
         return [(s.cron, s.timezone) for s in configs[name].schedules]
 
-    assert crons("tidal-scale-up") == [("0 8 * * *", "Asia/Shanghai")]
-    assert crons("tidal-scale-down") == [("0 23 * * *", "Asia/Shanghai")]
+    assert crons("tidal-scale-up") == [("0 8 * * *", None)]  # the zone comes from where it is served
+    assert crons("tidal-scale-down") == [("0 23 * * *", None)]
     assert configs["tidal-scale-up"].parameters["params"]["target"] > configs["tidal-scale-down"].parameters["params"]["target"]
     assert crons("load-drill-nightly") and crons("fault-drill-nightly")
     (trigger,) = configs["canary-release"].triggers
@@ -51,10 +52,24 @@ def test_tidal_crons_nightly_drills_and_the_canary_trigger():
     assert trigger.parameters["params"]["canary"]["weights_url"] == "{{ event.payload.url }}"
 
 
-def test_deployments_build_for_serving():
+def test_deployments_build_for_serving(monkeypatch):
+    monkeypatch.delenv("TZ", raising=False)
     deployments = {d.name: d for d in load_deployments(PREFECT_YAML)}
     assert deployments["tidal-scale-down"].schedules[0].schedule.cron == "0 23 * * *"
+    assert deployments["tidal-scale-down"].schedules[0].schedule.timezone == "UTC"
     assert deployments["canary-release"].triggers
+
+
+@pytest.mark.parametrize("tz, zone", [("Asia/Shanghai", "Asia/Shanghai"), (":Europe/Paris", "Europe/Paris"),
+                                      ("CET-1CEST", "UTC"), ("", "UTC"), ("Mars/Olympus", "UTC")])
+def test_crons_take_the_time_zone_of_tz_when_it_names_one(monkeypatch, tz, zone):
+    monkeypatch.setenv("TZ", tz)
+    assert schedule_timezone() == zone
+
+
+def test_the_nightly_fault_drill_hits_the_serving_group_by_explicit_permission():
+    params = {c.name: c for c in deployment_entries(PREFECT_YAML)}["fault-drill-nightly"].parameters["params"]
+    assert params.get("allow_serving") is True and "group" not in params and not params.get("create_if_missing")
 
 
 def test_a_malformed_entry_is_refused_naming_it(tmp_path):

@@ -7,11 +7,12 @@ import os
 import subprocess
 import sys
 import time
+from multiprocessing import shared_memory
 
 import pytest
 
 from engine.transfer import KVTransferError, TransferDescriptor, make_receiver, make_sender
-from engine.transfer.shm import ShmSender
+from engine.transfer.shm import SHM_DIR, ShmSender, reap_orphan_segments, segment_name
 
 RECEIVE_IN_CHILD = """
 import hashlib, json, sys
@@ -110,3 +111,26 @@ def test_unclaimed_shm_segments_expire():
 def test_descriptor_rejects_hostile_ids():
     with pytest.raises(ValueError):
         TransferDescriptor.model_validate(json.loads('{"transport": "shm", "transfer_id": "../etc", "nbytes": 1}'))
+
+
+def test_segments_of_a_dead_sender_are_reaped_and_a_live_senders_kept():
+    """A decode killed mid-transfer and a prefill stopped with it leave segments nobody unlinks; the controller's
+    reaper removes those whose sender is gone, never one a live sender still owns."""
+    child = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead_pid = int(child.stdout)  # exited: the pid names no process now (a reuse within this test is implausible)
+    orphan = shared_memory.SharedMemory(name=segment_name("orphan-1", pid=dead_pid), create=True, size=64)
+    orphan.close()
+    live = ShmSender()
+    live.stage("live-1", 64).release()
+    live.commit("live-1")
+    try:
+        reaped = reap_orphan_segments()
+        assert segment_name("orphan-1", pid=dead_pid) in reaped
+        assert not (SHM_DIR / segment_name("orphan-1", pid=dead_pid)).exists()
+        assert (SHM_DIR / segment_name("live-1")).exists() and segment_name("live-1") not in reaped
+    finally:
+        live.close()
+        try:
+            orphan.unlink()
+        except FileNotFoundError:
+            pass
