@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export TIDEFLOW_HOME ?= $(CURDIR)/.tideflow
 
-.PHONY: run test test-slow bench setup clean prometheus browser gpu-check
+.PHONY: run test test-slow journey bench setup clean prometheus browser gpu-check
 
 setup: $(STAMP)
 
@@ -25,6 +25,10 @@ test: $(STAMP) prometheus browser
 
 test-slow: $(STAMP) prometheus
 	$(BIN)/python -m pytest -q -m slow
+
+# The operator's day from the Prefect UI alone (also part of test-slow): tests/flows/test_operator_journey.py
+journey: $(STAMP)
+	$(BIN)/python -m pytest -q tests/flows/test_operator_journey.py
 
 # Every claim's benchmark (guidellm_crosscheck.py and peer_vllm.py need their own venvs: see their docstrings).
 BENCHES := decode serving kernel_ops weights pd ep warm tidal failover profile_engine

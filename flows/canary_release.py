@@ -12,6 +12,7 @@ from engine.canary import CanaryPlan
 from engine.canary.rollout import CanaryError, CanaryReport
 from engine.control.client import ControlClient
 from engine.control.models import GroupView
+from engine.errors import TideflowError
 from engine.group.manager import GroupState
 from flows.deploy_group import deploy_group
 from flows.params import DeployParams
@@ -19,6 +20,17 @@ from tasks.canary import collect_metrics, promote, rollback, shift_traffic, vali
 from tasks.fleet import changing_fleet
 
 ROLLED_BACK = "RolledBack"
+
+
+class CanaryRolledBack(TideflowError):
+    """What a rolled-back canary's Failed state holds: the verdict as the run's error, the whole report with it."""
+
+    def __init__(self, report: CanaryReport) -> None:
+        super().__init__(f"{report.canary} rolled back, {report.stable} serves: {report.reason}")
+        self.report = report
+
+    def __reduce__(self):  # results are pickled: rebuild from the report, not from the message
+        return CanaryRolledBack, (self.report,)
 
 
 class CanaryParams(BaseModel):
@@ -57,7 +69,7 @@ def _fleet(groups: list[GroupView]) -> str:
 
 @flow(name="canary_release", log_prints=True)
 def canary_release(params: CanaryParams = CanaryParams()) -> State:
-    """Completed with the report when promoted; Failed ("RolledBack") with the report when rolled back."""
+    """Completed with the report when promoted; Failed ("RolledBack") holding CanaryRolledBack when rolled back."""
     name = params.canary.name or "canary"
     with ControlClient.connect() as client:
         groups = client.status().groups
@@ -70,7 +82,8 @@ def canary_release(params: CanaryParams = CanaryParams()) -> State:
         report = _roll_out(params, stable)
     if report.decision == "promoted":
         return Completed(message=f"{name} promoted over {stable}: {report.reason}", data=report)
-    return Failed(name=ROLLED_BACK, message=f"{name} rolled back, {stable} serves: {report.reason}", data=report)
+    rolled_back = CanaryRolledBack(report)
+    return Failed(name=ROLLED_BACK, message=str(rolled_back), data=rolled_back)
 
 
 def _roll_out(params: CanaryParams, stable: str) -> CanaryReport:

@@ -42,7 +42,7 @@ def _release(args: argparse.Namespace) -> int:
     _prefect_home()
     _stop_on_sigterm()
     from engine.control.launch import ensure_controller, stop_controller
-    from flows.release import ReleaseParams, ReleaseSummary, release
+    from flows.release import ReleaseFailed, ReleaseParams, ReleaseSummary, release
 
     t0 = time.monotonic()
     started = ensure_controller()  # None: a controller already serves this home, and it stays as it is
@@ -50,6 +50,7 @@ def _release(args: argparse.Namespace) -> int:
         state = release(ReleaseParams(), return_state=True)
         took = time.monotonic() - t0
         s = state.result(raise_on_failure=False)
+        s = s.summary if isinstance(s, ReleaseFailed) else s
         if not isinstance(s, ReleaseSummary):  # it failed before it could sum up
             print(f"release failed after {took:.0f}s: {state.message}", file=sys.stderr)
             return 1

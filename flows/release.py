@@ -19,8 +19,9 @@ from engine.canary.judge import JudgeConfig
 from engine.drills.load import run_load_drill as background_load
 from engine.drills.spec import LoadDrillSpec
 from engine.control.client import ControlClient
+from engine.errors import TideflowError
 from flows.build_kernels import build_kernels
-from flows.canary_release import ROLLED_BACK, CanaryParams, canary_release
+from flows.canary_release import ROLLED_BACK, CanaryParams, CanaryRolledBack, canary_release
 from flows.deploy_group import deploy_group
 from flows.drills import FaultDrillParams, LoadDrillParams, fault_drill, fleet_router, load_drill
 from flows.params import DeployParams, WeightsParams
@@ -73,6 +74,17 @@ class ReleaseSummary(BaseModel):
     canary_traffic: dict[str, int]
 
 
+class ReleaseFailed(TideflowError):
+    """What a failed release's state holds: why, and the summary of everything it did."""
+
+    def __init__(self, why: str, summary: ReleaseSummary) -> None:
+        super().__init__(why)
+        self.summary = summary
+
+    def __reduce__(self):
+        return ReleaseFailed, (str(self), self.summary)
+
+
 @flow(name="release", log_prints=True)
 def release(params: ReleaseParams = ReleaseParams()) -> State:
     """Completed with the summary when the new version was promoted and every drill held; Failed otherwise
@@ -81,9 +93,11 @@ def release(params: ReleaseParams = ReleaseParams()) -> State:
         summary = _release(params)
     create_markdown_artifact(key="release-summary", markdown=_markdown(summary))
     if summary.canary_decision != "promoted":
-        return Failed(name=ROLLED_BACK, message=f"canary rolled back: {summary.canary_reason}", data=summary)
+        failed = ReleaseFailed(f"canary rolled back: {summary.canary_reason}", summary)
+        return Failed(name=ROLLED_BACK, message=str(failed), data=failed)
     if not (summary.fault_clean and summary.load_accounted):
-        return Failed(message="the drills did not hold: see the release summary", data=summary)
+        failed = ReleaseFailed("the drills did not hold: see the release summary", summary)
+        return Failed(message=str(failed), data=failed)
     return Completed(message=f"{params.new_group} serves", data=summary)
 
 
@@ -104,9 +118,13 @@ def _release(params: ReleaseParams) -> ReleaseSummary:
             stable=params.stable_group, plan=params.plan,
             canary=DeployParams(spec_file=params.spec_file, name=params.new_group, version="v2", weights_url=new_url)),
             return_state=True)
-        if state.is_failed() and state.name != ROLLED_BACK:
+        outcome = state.result(raise_on_failure=False)
+        if isinstance(outcome, CanaryRolledBack):
+            report = outcome.report  # rolled back: the release drills the stable group, then ends Failed
+        elif state.is_failed():
             state.result()  # raises the canary's own error
-        report = state.result(raise_on_failure=False)  # promoted, or rolled back: the release goes on to its drills
+        else:
+            report = outcome
     finally:
         stop.set()
         if pump is not None:

@@ -36,6 +36,7 @@ from engine.transfer.shm import reap_orphan_segments
 log = logging.getLogger(__name__)
 
 _GONE = (GroupState.STOPPED, GroupState.FAILED)
+DEFAULT_SERVING_WEIGHT = 100.0  # per unit of capacity, the scale the release puts its groups on
 
 
 class ControlError(Exception):
@@ -277,9 +278,21 @@ class Controller:
         """The warm pool of `template` (its groups are <name>-<i>: a restarted controller finds them again)."""
         pool = self.pools.get(template.name)
         if pool is None or pool.template != template or pool.bounds != bounds:
-            pool = self.pools[template.name] = WarmPool(self.manager, template, bounds, warm_pool)
+            pool = self.pools[template.name] = WarmPool(self.manager, template, bounds, warm_pool,
+                                                        weight_of=self._capacity_weight)
         pool.warm_pool = warm_pool
         return pool
+
+    def _capacity_weight(self, spec: InferenceGroup) -> float:
+        """The weight that gives a group joining the serving set traffic in proportion to its capacity: the serving
+        groups' weight per unit of capacity, times its own (a tidal copy beside a release group at 100 takes its
+        share, not 1 %). DEFAULT_SERVING_WEIGHT when nothing serves."""
+        serving = [g for g in list(self.manager.groups.values())
+                   if g.status.state == GroupState.READY and g.weight > 0 and g.spec.serving_capacity > 0]
+        if not serving:
+            return DEFAULT_SERVING_WEIGHT * spec.serving_capacity
+        per_unit = sum(g.weight for g in serving) / sum(g.spec.serving_capacity for g in serving)
+        return per_unit * spec.serving_capacity
 
     def _scale(self, pool: WarmPool, target: int, floor: int | None) -> ScaleResult:
         """scale_to, then the pool's groups written back as desired state (caller holds the lock)."""

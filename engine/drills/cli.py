@@ -109,7 +109,8 @@ def _add_fault(kinds: argparse._SubParsersAction) -> None:
                                      "one member per repeat and reports ejection and recovery times, migrated requests, "
                                      "the longest stream pauses, and lost or duplicated tokens (the streams open at the "
                                      "kill are replayed undisturbed and compared). Exit 0 only when nothing was lost. "
-                                     "The group is deleted afterwards.")
+                                     "The group is deleted afterwards, so a spec naming a group the fleet already "
+                                     "has is refused.")
     p.add_argument("spec", type=Path, help="InferenceGroup spec (YAML)")
     p.add_argument("--model", type=Path, default=None, help="checkpoint dir (default: the spec's model.path)")
     p.add_argument("--target", choices=["prefill", "decode", "colocated", "encoder", "expert", "router", "controller"],
@@ -145,6 +146,12 @@ def _fault(args: argparse.Namespace) -> int:
     started = ensure_controller()
     try:
         with ControlClient.connect() as client:
+            taken = sorted({spec.name, *([warm.name] if warm else [])} & {g.name for g in client.status().groups})
+            if taken:  # this drill deletes what it brought up: never a group the fleet already had
+                print(f"drill fault: the fleet already has {', '.join(taken)}; the drill brings up and deletes a "
+                      "group of its own: give the spec another name (or drill the fleet's group with the "
+                      "fault-drill flow, which never deletes it)", file=sys.stderr)
+                return 2
             client.apply(spec)
             if warm is not None:
                 client.apply(warm, standby=True)

@@ -240,6 +240,12 @@ class InferenceGroup(BaseModel):
                     yield Member(role=spec.role, instance=instance, rank=rank, size=size)
 
     @property
+    def serving_capacity(self) -> int:
+        """Members that produce tokens (colocated and decode): the unit in which groups of different shapes share
+        traffic, so a group twice as wide takes twice the requests."""
+        return sum(r.instances * r.members_per_instance for r in self.roles if r.role in ("colocated", "decode"))
+
+    @property
     def total_members(self) -> int:
         return sum(r.instances * r.members_per_instance for r in self.roles)
 

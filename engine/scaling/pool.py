@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from typing import Callable
 
 from pydantic import BaseModel, Field
 
@@ -49,8 +50,10 @@ class WarmPool:
     """Scales one group set's copies of `template`; one `scale_to` at a time."""
 
     def __init__(self, manager: GroupManager, template: InferenceGroup, bounds: Bounds, warm_pool: int | None = None,
-                 drain_s: float = 30.0) -> None:
+                 drain_s: float = 30.0, weight_of: Callable[[InferenceGroup], float] | None = None) -> None:
+        """`weight_of(spec)`: the router weight a copy takes when it starts serving (default 1)."""
         self.manager, self.template, self.bounds = manager, template, bounds
+        self.weight_of = weight_of or (lambda spec: 1.0)
         self.warm_pool = template.warm_pool if warm_pool is None else warm_pool
         self.drain_s = drain_s
         self._lock = threading.Lock()
@@ -110,6 +113,8 @@ class WarmPool:
 
     def _grow(self, need: int, result: ScaleResult) -> None:
         picked = self.standby()[:need]
+        for g in picked:
+            g.weight = self.weight_of(g.spec)
         if picked:
             with ThreadPoolExecutor(max_workers=len(picked)) as pool:
                 outcomes = list(pool.map(_try_activate, picked))
@@ -121,6 +126,7 @@ class WarmPool:
                     result.errors.append(error)
         for g in self.refilling()[: need - len(result.activated)]:
             g.standby = False  # a refill still loading serves as soon as it is Ready
+            g.weight = self.weight_of(g.spec)
             result.cold_started.append(g.spec.name)
         for _ in range(need - len(result.activated) - len(result.cold_started)):
             result.cold_started.append(self._start(standby=False).spec.name)
@@ -152,8 +158,9 @@ class WarmPool:
     def _start(self, standby: bool) -> ManagedGroup:
         live = {g.spec.name for g in self.groups() if g.status.state not in (GroupState.STOPPED, GroupState.FAILED)}
         i = next(i for i in range(len(live) + 1) if f"{self.template.name}-{i}" not in live)
-        spec = self.template.model_copy(update={"name": f"{self.template.name}-{i}", "warm_pool": 0})
-        return self.manager.up(InferenceGroup.model_validate(spec.model_dump()), standby=standby)
+        spec = InferenceGroup.model_validate(
+            self.template.model_copy(update={"name": f"{self.template.name}-{i}", "warm_pool": 0}).model_dump())
+        return self.manager.up(spec, standby=standby, weight=self.weight_of(spec))
 
     def close(self, drain_s: float = 10.0) -> None:
         """Stop every group of the pool (draining serving ones) and wait for background stops."""

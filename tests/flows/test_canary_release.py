@@ -15,7 +15,7 @@ import yaml
 from engine.canary import CanaryPlan
 from engine.canary.judge import JudgeConfig
 from engine.control import discovery
-from flows.canary_release import CanaryParams, canary_release
+from flows.canary_release import ROLLED_BACK, CanaryParams, CanaryRolledBack, canary_release
 from flows.deploy_group import deploy_group
 from flows.params import DeployParams
 
@@ -78,10 +78,19 @@ def plan(**extra) -> CanaryPlan:
                       judge=JudgeConfig(horizon=30), drain_s=5, **extra)
 
 
+def rolled_back(state):
+    """The run of a rolled-back canary is Failed, named RolledBack, and still carries its report."""
+    assert state.is_failed() and state.name == ROLLED_BACK, (state.type, state.name, state.message)
+    outcome = state.result(raise_on_failure=False)
+    assert isinstance(outcome, CanaryRolledBack) and outcome.report.reason in state.message
+    return outcome.report
+
+
 def test_an_erroring_canary_is_rolled_back_by_the_flow(controller, stable, specs):
     with traffic(controller) as outcomes:
-        report = canary_release(CanaryParams(stable=stable, canary=DeployParams(spec_file=specs["erroring"],
-                                                                                 version="v2-errors"), plan=plan()))
+        report = rolled_back(canary_release(CanaryParams(
+            stable=stable, canary=DeployParams(spec_file=specs["erroring"], version="v2-errors"), plan=plan()),
+            return_state=True))
     assert report.decision == "rolled_back" and len(report.steps) == 1, report.reason
     (errors,) = [v for v in report.steps[0].verdicts if v.metric == "errors"]
     assert errors.verdict == "fail" and errors.estimate > 0.1, errors
@@ -92,8 +101,9 @@ def test_an_erroring_canary_is_rolled_back_by_the_flow(controller, stable, specs
 
 def test_a_slow_canary_is_rolled_back_and_removed_by_the_flow(controller, stable, specs):
     with traffic(controller) as outcomes:
-        report = canary_release(CanaryParams(stable=stable, canary=DeployParams(spec_file=specs["slow"], version="v2-slow"),
-                                             plan=plan(on_rollback="remove")))
+        report = rolled_back(canary_release(CanaryParams(
+            stable=stable, canary=DeployParams(spec_file=specs["slow"], version="v2-slow"),
+            plan=plan(on_rollback="remove")), return_state=True))
     assert report.decision == "rolled_back" and len(report.steps) == 1, report.reason
     failed = {v.metric for v in report.steps[0].verdicts if v.verdict == "fail"}
     assert failed & {"ttft", "tpot", "e2e"} and "errors" not in failed, report.steps[0].verdicts

@@ -12,6 +12,7 @@ from prefect.flows import load_flow_from_entrypoint
 import pytest
 
 import flows
+from engine.canary import CanaryPlan
 from flows.deployments import (ENTRYPOINT_ROOT, SHIPPED_PREFECT_FILE, DeploymentsFileError, deployment_entries,
                                load_deployments, schedule_timezone)
 from tasks.weights import PUBLISHED_EVENT
@@ -50,6 +51,16 @@ def test_tidal_crons_nightly_drills_and_the_canary_trigger():
     (trigger,) = configs["canary-release"].triggers
     assert trigger.expect == {PUBLISHED_EVENT}
     assert trigger.parameters["params"]["canary"]["weights_url"] == "{{ event.payload.url }}"
+
+
+def test_the_triggered_canary_can_promote_at_the_traffic_of_a_small_fleet():
+    """At 1 req/s, every step that shares traffic with the stable group reaches the judge's horizon (where a canary
+    with no evidence of harm passes) before max_hold_s rolls it back as inconclusive."""
+    (trigger,) = {c.name: c for c in deployment_entries(PREFECT_YAML)}["canary-release"].triggers
+    plan = CanaryPlan.model_validate(trigger.parameters["params"]["plan"])
+    for step in plan.steps:
+        if step.percent < 100:
+            assert plan.judge.horizon / (1.0 * step.percent / 100) <= step.max_hold_s, step
 
 
 def test_deployments_build_for_serving(monkeypatch):

@@ -22,12 +22,16 @@ def test_tidal_scale_up_uses_the_warm_pool_then_down_parks(flow_home, controller
     bounds = Bounds(min_groups=0, max_groups=2)
     up = tidal_scale(TidalParams(target=1, spec_file=spec, bounds=bounds, warm_pool=1))
     assert up.serving + up.cold_starting == 1
+    assert serving(controller) == ["pool-0"]  # the run ended once the group served, not when it was asked for
     second = tidal_scale(TidalParams(target=2, spec_file=spec, bounds=bounds, warm_pool=1))
     assert second.serving + second.cold_starting == 2
     for name in second.cold_started + second.activated + up.cold_started + up.activated:
         assert controller.wait_for(name, {GroupState.READY, GroupState.FAILED}, 120).state == GroupState.READY
     assert serving(controller) == ["pool-0", "pool-1"]
-    down = tidal_scale(TidalParams(target=0, floor=0, spec_file=spec, bounds=bounds, warm_pool=1))
+    refused = tidal_scale(TidalParams(target=0, floor=0, spec_file=spec, bounds=bounds, warm_pool=1), return_state=True)
+    assert refused.is_failed() and "set confirm" in refused.message, refused.message
+    assert serving(controller) == ["pool-0", "pool-1"]  # nothing was taken away
+    down = tidal_scale(TidalParams(target=0, floor=0, spec_file=spec, bounds=bounds, warm_pool=1, confirm=True))
     assert down.serving == 0 and down.parked
     assert serving(controller) == []
     policy = ScalingPolicy(bounds=bounds, warm_pool=1, tick_s=0.5,

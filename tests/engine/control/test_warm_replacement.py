@@ -68,4 +68,4 @@ def test_a_standby_takes_over_and_the_fallen_group_refills_the_pool(pool):
     assert replaced
     print(f"\n{replaced[-1]}; {len(after_kill)} requests after the kill, 0 errors")
     routed = {g["name"]: g["weight"] for g in pool.groups()}
-    assert routed == {"warm-1": 1.0}
+    assert routed == {"warm-1": 100.0}  # warm-0 came up alone: 100 per unit of capacity, and warm-1 took it over
