@@ -44,8 +44,8 @@ class LoadDrillParams(BaseModel):
 class FaultDrillParams(BaseModel):
     group: str | None = Field(None, pattern=GROUP_NAME_PATTERN,
                               description="group to hit; default: the serving group with the most traffic")
-    target: str = Field("decode", description="prefill | decode | colocated | encoder | expert | router | controller")
-    repeats: int = Field(1, ge=1, le=20)
+    target: str = Field("decode", description="prefill, decode, colocated, encoder, expert, router or controller")
+    repeats: int = Field(1, ge=1, le=20, description="kills, one after the other, each once the group is back")
     rate: float = Field(4.0, gt=0, description="background load, req/s")
     duration_s: float = Field(4.0, gt=0, description="seconds of load per repeat")
     allow_serving: bool = Field(False, description="needed to drill a group that takes traffic: its clients' streams "

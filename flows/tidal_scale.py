@@ -24,7 +24,7 @@ class TidalParams(BaseModel):
     target: int = Field(2, ge=0, description="serving groups wanted")
     floor: int | None = Field(None, ge=0, description="lower the floor below bounds.min_groups (e.g. at night)")
     spec_file: Path = Field(Path("deployments/groups/tiny-colocated.yaml"), description="template of the pool's groups")
-    bounds: Bounds = Field(default_factory=Bounds)
+    bounds: Bounds = Field(default_factory=Bounds, description="never fewer or more serving groups than these")
     warm_pool: int = Field(1, ge=0, description="standby groups kept loaded and warm")
     confirm: bool = Field(False, description="needed to scale a pool that serves traffic down to 0 groups")
     ready_timeout_s: float = Field(600.0, gt=0, description="the run fails unless the pool has reached its target "
