@@ -15,7 +15,7 @@ from engine.control.controller import ControlError, Controller
 from engine.control.routes import NotPublished
 from engine.control.models import (ApplyGroup, AutoscalerBody, AutoscalerView, CanaryRecord, FleetStatus,
                                    GroupView, Killed, KillMember, Lease, LeaseRequest, ParkBody, ScalePool, Seconds,
-                                   WeightsBody)
+                                   WeightsBody, WeightsSet)
 from engine.control.store import Event
 from engine.router.registry import GROUP_NAME_PATTERN
 from engine.router.sync import RouteSet, RouterReport
@@ -70,8 +70,15 @@ def create_control_app(controller: Controller, on_down: Callable[[], None]) -> F
         return {"deleted": name}
 
     @api.put("/v1/weights")
-    def weights(body: WeightsBody) -> dict:
-        return {"weights": call(controller.set_weights, body.weights)}
+    def weights(body: WeightsBody) -> WeightsSet:
+        """The weights now routed, and the route set revision that carries them (`GET /v1/routes/applied`)."""
+        return call(controller.set_weights, body.weights)
+
+    @api.get("/v1/routes/applied")
+    def applied(revision: Annotated[int, Query(ge=0)]) -> dict:
+        """Whether every live router replica serves `revision` (or later)."""
+        done, replicas = controller.routes.applied(revision)
+        return {"applied": done, "replicas": replicas}
 
     @api.post("/v1/groups/{name}/activate")
     def activate(name: GroupName) -> Seconds:

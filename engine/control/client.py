@@ -9,7 +9,7 @@ import httpx
 
 from engine.control import discovery
 from engine.control.models import (ApplyGroup, AutoscalerBody, AutoscalerView, CanaryRecord, FleetStatus, GroupView,
-                                   Killed, KillMember, Lease, LeaseRequest, ParkBody, ScalePool, Seconds)
+                                   Killed, KillMember, Lease, LeaseRequest, ParkBody, ScalePool, Seconds, WeightsSet)
 from engine.control.store import Event
 from engine.errors import TideflowError
 from engine.group.manager import GroupState
@@ -127,8 +127,21 @@ class ControlClient:
             time.sleep(poll_s)
 
     # -- the router, as the canary and drains see it (same verbs as RouterAdmin) --------------------------
-    def set_weights(self, weights: dict[str, float]) -> dict[str, float]:
-        return self._call("PUT", "/v1/weights", json={"weights": weights})["weights"]
+    def set_weights(self, weights: dict[str, float], wait_s: float = 30.0) -> dict[str, float]:
+        """All of them or none; returns once every router replica routes by them (at most `wait_s`; 0: at once),
+        so a canary step's clock starts when its traffic share is real."""
+        answer = WeightsSet.model_validate(self._call("PUT", "/v1/weights", json={"weights": weights}))
+        deadline = time.monotonic() + wait_s
+        while wait_s > 0:
+            state = self._call("GET", "/v1/routes/applied", params={"revision": answer.revision})
+            if state["applied"]:
+                break
+            if time.monotonic() > deadline:
+                raise ControlAPIError(f"weights {weights} are stored and published (revision {answer.revision}), but "
+                                      f"{'no router replica is live' if not state['replicas'] else 'the router replicas'}"
+                                      f" did not take them within {wait_s:g}s")
+            time.sleep(0.05)
+        return answer.weights
 
     def groups(self) -> list[dict]:
         return self._call("GET", "/v1/router/groups")["groups"]

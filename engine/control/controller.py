@@ -16,7 +16,7 @@ import time
 
 from engine.control.metrics import CanaryGauge, ControllerMetrics, FleetSnapshot
 from engine.control.models import (ApplyGroup, AutoscalerBody, AutoscalerView, CanaryRecord, FleetStatus, GroupView,
-                                   Killed, KillMember, Lease, LeaseRequest, MemberView, ScalePool)
+                                   Killed, KillMember, Lease, LeaseRequest, MemberView, ScalePool, WeightsSet)
 from engine.control.routes import RouteTable
 from engine.control.local_runtime import LocalRuntime
 from engine.control.runtime import ControllerConfig, Runtime
@@ -197,7 +197,7 @@ class Controller:
             if self.manager.groups.get(name) is g and name not in self.store.groups():
                 self.manager.groups.pop(name, None)
 
-    def set_weights(self, weights: dict[str, float]) -> dict[str, float]:
+    def set_weights(self, weights: dict[str, float]) -> WeightsSet:
         """All or nothing: the route set takes every weight, and only then are they stored as desired state. A
         weight the routers refused is never kept, so a restarted controller serves what the routers served."""
         with self._lock:
@@ -214,7 +214,7 @@ class Controller:
                 if name in self.manager.groups:
                     self.manager.groups[name].weight = w
             self.store.event("weights", ", ".join(f"{n} {w:g}" for n, w in sorted(weights.items())))
-            return applied
+            return WeightsSet(weights=applied, revision=self.routes.revision)
 
     def activate(self, name: str) -> float:
         g = self._group(name)

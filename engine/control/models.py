@@ -25,6 +25,12 @@ class WeightsBody(BaseModel):
     weights: dict[GroupName, Weight] = Field(description="group name -> traffic weight (finite, >= 0)")
 
 
+class WeightsSet(BaseModel):
+    weights: dict[str, float] = Field(description="every routed group's weight after the change")
+    revision: int = Field(description="the route set revision that carries it; in effect once every router replica "
+                                      "serves it (GET /v1/routes/applied)")
+
+
 class KillMember(BaseModel):
     """Which member a fault drill kills; `expert` = the first non-leader rank of a DEP instance."""
 

@@ -125,6 +125,13 @@ class RouteTable:
                             "replicas": len(live)})
             return out
 
+    def applied(self, revision: int) -> tuple[bool, int]:
+        """(whether every live replica serves `revision` or a later one, how many replicas are live): a weight
+        change is in effect only once they all do, and with no live replica it is in effect nowhere."""
+        with self._cond:
+            live = self._live()
+            return bool(live) and all(r.revision >= revision for r in live), len(live)
+
     def replicas(self) -> list[dict]:
         with self._cond:
             now = time.monotonic()

@@ -50,6 +50,28 @@ def test_inflight_waits_for_every_live_replica_to_serve_the_latest_change():
     assert {r["replica"] for r in table.replicas()} == {"r1", "r2"}
 
 
+def test_a_change_is_applied_once_every_live_replica_serves_its_revision():
+    table = RouteTable()
+    table.register("a", "v1", EP)
+    assert table.applied(table.revision) == (False, 0)  # no replica: in effect nowhere
+    table.report(report("r1", 1, 0))
+    table.report(report("r2", 1, 0))
+    table.set_weights({"a": 0.5})
+    assert table.applied(2) == (False, 2)
+    table.report(report("r1", 2, 0))
+    assert table.applied(2) == (False, 2)  # r2 still routes by the old weight
+    table.report(report("r2", 3, 0))
+    assert table.applied(2) == (True, 2)
+
+
+def test_a_mixed_change_naming_an_unrouted_group_changes_nothing():
+    table = RouteTable()
+    table.register("a", "v1", EP, 1.0)
+    with pytest.raises(RouterAdminError, match="ghost"):
+        table.set_weights({"a": 0.0, "ghost": 1.0})
+    assert [g["weight"] for g in table.groups()] == [1.0] and table.revision == 1
+
+
 def test_weights_for_a_group_that_is_not_routed_are_refused():
     table = RouteTable()
     with pytest.raises(RouterAdminError, match="not routed now"):
