@@ -22,7 +22,7 @@ from engine.llm_engine import EngineConfig, LLMEngine
 from engine.model.loader import load_model
 from engine.sampling import SamplingParams
 from engine.tokenizer import Tokenizer
-from tideflow_kernels.startup import startup_ops
+from tideflow_kernels.startup import arch_for, startup_ops
 
 
 def copy_bandwidth(device: str, nbytes: int = 512 << 20, repeats: int = 5) -> float:
@@ -160,7 +160,8 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="small sizes: a smoke run")
     ap.add_argument("--reference-ops", action="store_true", help="keep the torch reference ops even when a compiled build is cached")
     args = ap.parse_args()
-    compiled = startup_ops("native", "reference" if args.reference_ops else "auto")  # as `serve` starts
+    # as `serve` starts: the ops built for the device the benchmark runs on (a GPU's sm_XY, else this CPU)
+    compiled = startup_ops(arch_for(torch.device(args.device)), "reference" if args.reference_ops else "auto")
     print(f"ops: {', '.join(sorted(compiled)) or 'torch reference'} compiled")
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -57,11 +57,15 @@ def sample(logits: torch.Tensor, params: list[SamplingParams], seeds: list[int |
     """One token per row of fp32 `logits` [B, vocab]; None for a row with no valid distribution (its
     logits are not finite), so that request fails alone and the rest of the batch goes on.
     `seeds[i]` (from resolve_seed) and `steps[i]` (tokens row i generated so far) pick its draw."""
-    greedy = logits.argmax(dim=-1).tolist()
+    # Every row's argmax and whether its logit is finite, brought to the host in one transfer: a per-row check
+    # is one device sync per stream on a GPU (32 of a 32-stream step's ~39 syncs).
+    argmax = logits.argmax(dim=-1)
+    finite = torch.isfinite(logits.gather(1, argmax.unsqueeze(1)).squeeze(1))
+    greedy, valid = torch.stack([argmax, finite.to(argmax.dtype)]).tolist()
     out: list[int | None] = []
-    for row, p, seed, step, g in zip(logits, params, seeds, steps, greedy):
+    for row, p, seed, step, g, ok in zip(logits, params, seeds, steps, greedy, valid):
         if is_greedy(p):
-            out.append(g if bool(torch.isfinite(row[g])) else None)
+            out.append(g if ok else None)
             continue
         probs = _distribution(row.cpu(), p)
         gen = step_generator(seed, step)

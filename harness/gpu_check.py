@@ -156,7 +156,8 @@ class Check:
         hf = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(self.device).eval()
         rows = []
         for batch in (1, 8):
-            prompts = torch.randint(0, 8000, (batch, 32), generator=torch.Generator().manual_seed(batch))
+            prompts = torch.randint(0, min(8000, hf.config.vocab_size), (batch, 32),  # --tiny: 512 tokens
+                                    generator=torch.Generator().manual_seed(batch))
             params = SamplingParams(max_tokens=64, ignore_eos=True)
             generate(ours, None, prompts[:1].tolist(), SamplingParams(max_tokens=2, ignore_eos=True))
             stats = GenerationStats()
@@ -231,7 +232,7 @@ def _logits(model, ids: torch.Tensor) -> torch.Tensor:
 
     block = 16
     kv = allocate_kv_cache(model.config, num_blocks=-(-len(ids) // block), block_size=block, device=ids.device)
-    meta = AttentionMetadata.build([len(ids)], [len(ids)], [list(range(len(kv[0][0])))], block)
+    meta = AttentionMetadata.build([len(ids)], [len(ids)], [list(range(len(kv[0][0])))], block, device=ids.device)
     with torch.no_grad():
         return model.logits(model(ids, torch.arange(len(ids), device=ids.device), kv, meta)).float()
 

@@ -24,6 +24,12 @@ def test_the_gpu_path_steps_pass_on_the_cpu(capsys, tideflow_home):
     assert "2 DEP ranks on cpu, openai client" in out
 
 
+def test_the_decode_step_runs_on_the_tiny_model(capsys, tideflow_home):
+    """--tiny draws its prompts within the tiny vocabulary (512 tokens), not up to 8000."""
+    assert gpu_check.main(["--device", "cpu", "--tiny", "--steps", "decode"]) == 0
+    assert "PASS decode" in capsys.readouterr().out
+
+
 def test_a_wrong_attention_op_fails_the_check(capsys):
     """The check compares the routed op with SDPA: an op off by a little is caught."""
     def off_by_a_little(q, k_cache, v_cache, block_tables, context_lens, scale):
