@@ -11,7 +11,7 @@ from pydantic import BaseModel, Field
 from engine.canary import CanaryPlan
 from engine.canary.rollout import CanaryError, CanaryReport
 from engine.control.client import ControlClient
-from engine.control.models import GroupView
+from engine.control.models import GroupView, describe_fleet
 from engine.errors import TideflowError
 from engine.group.manager import GroupState
 from flows.deploy_group import deploy_group
@@ -45,11 +45,10 @@ class CanaryParams(BaseModel):
 def stable_group(groups: list[GroupView], canary: str, version: str | None) -> str:
     """What an event-triggered canary replaces: of the groups serving another version than the canary's, the one
     with the most traffic (a tidal pool beside the release group serves at a small weight and is not it)."""
-    serving = [g for g in groups if g.state == GroupState.READY and g.weight > 0 and g.name != canary
-               and (version is None or g.version != version)]
+    serving = [g for g in groups if g.serving and g.name != canary and (version is None or g.version != version)]
     if not serving:
         raise CanaryError(f"params.stable is unset and no group of another version serves: nothing to replace "
-                          f"(fleet: {_fleet(groups)})")
+                          f"(fleet: {describe_fleet(groups)})")
     top = max(g.weight for g in serving)
     leaders = sorted(g.name for g in serving if g.weight == top)
     if len(leaders) > 1:
@@ -61,10 +60,6 @@ def stable_group(groups: list[GroupView], canary: str, version: str | None) -> s
 def already_serving(groups: list[GroupView], canary: str) -> GroupView | None:
     """The canary's group when it takes traffic already (this version was rolled out before)."""
     return next((g for g in groups if g.name == canary and g.weight > 0 and g.state != GroupState.STOPPED), None)
-
-
-def _fleet(groups: list[GroupView]) -> str:
-    return ", ".join(f"{g.name} {g.version} ({g.state.value}, weight {g.weight:g})" for g in groups) or "no groups"
 
 
 @flow(name="canary_release", log_prints=True)

@@ -14,12 +14,11 @@ from pydantic import BaseModel, Field
 
 from engine.control import discovery
 from engine.control.client import ControlClient
-from engine.control.models import GroupView
+from engine.control.models import GroupView, describe_fleet
 from engine.drills.fault import FaultDrillReport, FaultDrillSpec
 from engine.drills.results import LoadDrillReport
 from engine.drills.spec import LoadDrillSpec
 from engine.errors import TideflowError
-from engine.group.manager import GroupState
 from engine.group.spec import InferenceGroup
 from engine.paths import home
 from engine.router.registry import GROUP_NAME_PATTERN
@@ -66,8 +65,8 @@ def drill_target(params: FaultDrillParams, groups: list[GroupView]) -> tuple[str
     """(the group to hit, whether the drill brings it up itself). A name that is not in the fleet is an error
     listing what is, never a fallback to another group; a serving group needs `allow_serving`."""
     by_name = {g.name: g for g in groups}
-    serving = sorted((g for g in groups if g.state == GroupState.READY and g.weight > 0), key=lambda g: -g.weight)
-    fleet = ", ".join(f"{g.name} ({g.state.value}, weight {g.weight:g})" for g in groups) or "no groups"
+    serving = sorted((g for g in groups if g.serving), key=lambda g: -g.weight)
+    fleet = describe_fleet(groups)
     if params.group is None:
         if not serving:
             raise DrillRefused(f"no group serves, and `group` is unset: name the group to drill (fleet: {fleet})")
@@ -80,7 +79,7 @@ def drill_target(params: FaultDrillParams, groups: list[GroupView]) -> tuple[str
         raise DrillRefused(f"no group named {params.group!r}; the fleet has: {fleet}. Name one of them, or set "
                            f"create_if_missing to bring {params.group!r} up from {params.spec_file} for the drill")
     g = by_name[name]
-    if g.state == GroupState.READY and g.weight > 0 and not params.allow_serving:
+    if g.serving and not params.allow_serving:
         raise DrillRefused(f"group {name} serves traffic (weight {g.weight:g}): set allow_serving to drill it; "
                            "its clients' open streams are cut at the kill and must migrate")
     return name, False
@@ -121,7 +120,7 @@ def fault_drill(params: FaultDrillParams = FaultDrillParams()) -> FaultDrillRepo
         else:
             with ControlClient.connect() as client:
                 drilled = client.group(name)
-            if not (drilled.state == GroupState.READY and drilled.weight > 0):
+            if not drilled.serving:
                 get_run_logger().warning("drilling %s, which takes no traffic (%s, weight %g): the drill proves the "
                                          "rebuild, not that serving clients lose nothing", name, drilled.state.value,
                                          drilled.weight)

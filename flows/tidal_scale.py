@@ -12,7 +12,6 @@ from pydantic import BaseModel, Field
 from engine.control.client import ControlClient
 from engine.control.models import AutoscalerView
 from engine.errors import TideflowError
-from engine.group.manager import GroupState
 from engine.group.spec import InferenceGroup
 from engine.scaling.policy import Bounds, ScalingPolicy
 from engine.scaling.pool import ScaleResult
@@ -44,7 +43,7 @@ def tidal_scale(params: TidalParams = TidalParams()) -> ScaleResult:
         if params.target == 0 and not params.confirm:
             with ControlClient.connect() as client:
                 serving = [g.name for g in pool_groups(client.status().groups, template.name)
-                           if g.state == GroupState.READY and g.weight > 0]
+                           if g.serving]
             if serving:
                 raise ScaleRefused(f"pool {template.name} serves traffic ({', '.join(serving)}): scaling it to 0 "
                                    "takes that capacity away; set confirm to do it")

@@ -51,15 +51,14 @@ def await_pool(template: str, serving: int, timeout_s: float = 600.0, poll_s: fl
         while True:
             pool = pool_groups(client.status().groups, template)
             routable = {g["name"] for g in client.groups() if g["routable"]}
-            ready = [g for g in pool if g.state == GroupState.READY and g.weight > 0 and g.name in routable]
+            ready = [g for g in pool if g.serving and g.name in routable]
             settling = [g.name for g in pool if g.state in _SETTLING]
             if len(ready) == serving and not settling:
                 logger.info("pool %s: %d serving (%s), %d standby", template, serving, ", ".join(g.name for g in ready),
                             sum(g.state == GroupState.STANDBY for g in pool))
                 return pool
             if time.monotonic() > deadline:
-                where = ", ".join(f"{g.name} {g.state.value} weight {g.weight:g}"
-                                  f"{'' if g.name in routable else ' (not routed)'}" for g in pool) or "no groups"
+                where = ", ".join(g.describe() + ("" if g.name in routable else " not routed") for g in pool) or "no groups"
                 raise PoolNotReady(f"pool {template} did not reach {serving} serving group(s) within {timeout_s:g}s: "
                                    f"{where}")
             time.sleep(poll_s)

@@ -78,6 +78,20 @@ class GroupView(BaseModel):
     members: list[MemberView] = Field(default_factory=list)
     spec: InferenceGroup | None = Field(None, description="what runs (a flow copies it for a warm standby)")
 
+    @property
+    def serving(self) -> bool:
+        """It takes traffic now: Ready and routed at a weight above 0."""
+        return self.state == GroupState.READY and self.weight > 0
+
+    def describe(self) -> str:
+        """`name (state, weight w)`, as refusals list the fleet."""
+        return f"{self.name} ({self.state.value}, weight {self.weight:g})"
+
+
+def describe_fleet(groups: list[GroupView]) -> str:
+    """Every group as `describe` puts it, for a message that says what the fleet has."""
+    return ", ".join(g.describe() for g in groups) or "no groups"
+
 
 class CanaryRecord(BaseModel):
     """The latest canary rollout as its flow reported it: in progress (decision None) or decided."""

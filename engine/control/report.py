@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 from engine.control.models import FleetStatus
+from engine.group.manager import GroupState
 
 
 def fleet_markdown(status: FleetStatus, title: str = "Fleet") -> str:
@@ -15,11 +16,11 @@ def fleet_markdown(status: FleetStatus, title: str = "Fleet") -> str:
     if not status.groups:
         lines.append("**no groups**")
     else:
-        total = sum(g.weight for g in status.groups if g.state.value == "Ready") or 0.0
+        total = sum(g.weight for g in status.groups if g.state == GroupState.READY)
         lines += ["| group | version | state | weight | traffic share | restarts | members | last event |",
                   "|---|---|---|---|---|---|---|---|"]
         for g in status.groups:
-            share = f"{100 * g.weight / total:.0f} %" if total and g.state.value == "Ready" else "-"
+            share = f"{100 * g.weight / total:.0f} %" if total and g.state == GroupState.READY else "-"
             members = "<br>".join(f"{m.role} {m.instance}/{m.rank} {m.phase} pid {m.pid}" for m in g.members) or "-"
             lines.append(f"| {g.name} | {g.version} | {g.state.value} | {g.weight:g} | {share} | {g.restarts} | "
                          f"{members} | {_cell(g.message)} |")
