@@ -29,3 +29,9 @@ def resolve_device(name: str) -> torch.device:
     if device.index is not None and device.index >= count:
         raise DeviceError(f"--device {name}: this process sees {count} GPU(s), cuda:0..cuda:{count - 1}")
     return torch.device("cuda", device.index if device.index is not None else torch.cuda.current_device())
+
+
+def to_device(values: list, dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
+    """A host list as a tensor on `device`, copied without a host sync: a blocking copy to a GPU first waits
+    for all the work queued before it, once per tensor of every step."""
+    return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)

@@ -19,7 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+import torch
 
+from engine.device import to_device
 from engine.encoder.prompt import block_extras, step_embeds
 from engine.engine_config import EngineConfig
 from engine.encoder.splice import SplicedPrompt
@@ -484,7 +486,7 @@ class LLMEngine:
             logits = self.runner.step(steps)
             rows = [i for i, item in enumerate(plan.batch) if item.completes]
             if len(rows) != len(plan.batch):
-                logits = logits[rows]
+                logits = logits.index_select(0, to_device(rows, torch.int64, logits.device))
             tokens = sample(logits, [i.seq.params for i in done], [i.seq.seed for i in done],
                             [len(i.seq.output_tokens) for i in done])
         except Exception as exc:  # a failed step fails its requests with the reason, never silently

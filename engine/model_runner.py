@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.device import to_device
 from engine.model.decoder import MoEForCausalLM
 from engine.model.paged import AttentionMetadata, allocate_kv_cache
 
@@ -54,7 +55,7 @@ class ModelRunner:
             [len(s.tokens) for s in seqs], [s.start + len(s.tokens) for s in seqs],
             [s.block_table for s in seqs], self.block_size, self.device,
         )
-        input_ids = torch.tensor(ids, dtype=torch.int64, device=self.device)
+        input_ids = to_device(ids, torch.int64, self.device)
         inputs_embeds = None
         if any(s.embeds is not None for s in seqs):
             base = self.model.embed(input_ids)
@@ -64,8 +65,8 @@ class ModelRunner:
                     base[offset : offset + len(s.tokens)] = s.embeds.to(base.dtype)
                 offset += len(s.tokens)
             inputs_embeds = base
-        hidden = self.model(input_ids, torch.tensor(pos, dtype=torch.int64, device=self.device), self.kv_cache, meta, inputs_embeds)
-        last = torch.tensor([i - 1 for i in _cumsum([len(s.tokens) for s in seqs])], device=self.device)
+        hidden = self.model(input_ids, to_device(pos, torch.int64, self.device), self.kv_cache, meta, inputs_embeds)
+        last = to_device([i - 1 for i in _cumsum([len(s.tokens) for s in seqs])], torch.int64, self.device)
         return self.model.logits(hidden.index_select(0, last))
 
 

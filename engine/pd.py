@@ -34,7 +34,7 @@ class HandoffResult(BaseModel):
     first_token: int
     descriptor: TransferDescriptor
     seed: int | None = Field(None, ge=-(2**63), lt=2**64,
-                             description="what the request samples from (engine.sampling.step_generator); None = greedy")
+                             description="what the request samples from (engine.sampling.step_uniform); None = greedy")
     num_cached_tokens: int = Field(0, ge=0, description="prompt tokens prefill found in its prefix cache")
 
 

@@ -1,4 +1,5 @@
-"""Sampling parameters and the sampler: greedy, temperature, top-k, top-p, seeded per request."""
+"""Sampling parameters and the sampler: greedy, temperature, top-k, top-p, seeded per request, the whole batch on
+its device."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import secrets
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
+
+from engine.device import to_device
 
 
 class SamplingParams(BaseModel):
@@ -39,52 +42,65 @@ def resolve_seed(params: SamplingParams) -> int | None:
     return params.seed if params.seed is not None else secrets.randbits(63)
 
 
-def step_generator(seed: int, step: int) -> torch.Generator:
-    """The generator that draws output token number `step` of a request seeded with `seed`.
+def step_uniform(seed: int, step: int) -> float:
+    """The uniform draw in [0, 1) that picks output token number `step` of a request seeded with `seed`.
 
     Keyed by (seed, step) rather than carried along: any worker can draw token `step` without the
     state of the worker that drew the ones before. A decode worker continuing a prefill, or a worker
-    taking over a request whose worker died, samples what the first worker would have.
+    taking over a request whose worker died, samples what the first worker would have. Computed on
+    the host from the key alone, so every device draws the same number.
     """
     digest = hashlib.blake2b(f"{seed}:{step}".encode(), digest_size=8).digest()
-    gen = torch.Generator()
-    gen.manual_seed(int.from_bytes(digest, "little"))
-    return gen
+    return (int.from_bytes(digest, "little") >> 11) / 2.0**53
 
 
 def sample(logits: torch.Tensor, params: list[SamplingParams], seeds: list[int | None],
            steps: list[int]) -> list[int | None]:
     """One token per row of fp32 `logits` [B, vocab]; None for a row with no valid distribution (its
     logits are not finite), so that request fails alone and the rest of the batch goes on.
-    `seeds[i]` (from resolve_seed) and `steps[i]` (tokens row i generated so far) pick its draw."""
-    # Every row's argmax and whether its logit is finite, brought to the host in one transfer: a per-row check
-    # is one device sync per stream on a GPU (32 of a 32-stream step's ~39 syncs).
-    argmax = logits.argmax(dim=-1)
-    finite = torch.isfinite(logits.gather(1, argmax.unsqueeze(1)).squeeze(1))
-    greedy, valid = torch.stack([argmax, finite.to(argmax.dtype)]).tolist()
-    out: list[int | None] = []
-    for row, p, seed, step, g, ok in zip(logits, params, seeds, steps, greedy, valid):
-        if is_greedy(p):
-            out.append(g if ok else None)
-            continue
-        probs = _distribution(row.cpu(), p)
-        gen = step_generator(seed, step)
-        out.append(int(torch.multinomial(probs, 1, generator=gen)) if probs is not None else None)
-    return out
+    `seeds[i]` (from resolve_seed) and `steps[i]` (tokens row i generated so far) pick its draw.
+
+    The whole batch is sampled on the logits' device and its ids and validity come to the host in one
+    transfer: a per-row check or draw is one device sync per stream on a GPU.
+    """
+    device = logits.device
+    picked = logits.argmax(dim=-1)
+    valid = torch.isfinite(logits.gather(1, picked.unsqueeze(1)).squeeze(1))
+    rows = [i for i, p in enumerate(params) if not is_greedy(p)]
+    if rows:
+        drawn, drawn_valid = _draw(logits, [params[i] for i in rows],
+                                   [step_uniform(seeds[i], steps[i]) for i in rows], rows)
+        index = to_device(rows, torch.int64, device)
+        picked = picked.index_copy(0, index, drawn)
+        valid = valid.index_copy(0, index, drawn_valid)
+    ids, ok = torch.stack([picked, valid.to(picked.dtype)]).tolist()
+    return [i if good else None for i, good in zip(ids, ok)]
 
 
-def _distribution(row: torch.Tensor, p: SamplingParams) -> torch.Tensor | None:
-    scores = row / p.temperature
-    if p.top_k:
-        kth = torch.topk(scores, min(p.top_k, scores.numel())).values[-1]
-        scores = scores.masked_fill(scores < kth, float("-inf"))
-    probs = torch.softmax(scores, dim=-1)
-    if p.top_p < 1.0:
-        sorted_p, order = torch.sort(probs, descending=True)
-        keep = sorted_p.cumsum(0) - sorted_p < p.top_p
-        keep[0] = True  # the most likely token always stays, however small top_p is (even below fp32's range)
-        probs = torch.zeros_like(probs).scatter_(0, order[keep], sorted_p[keep])
-    total = float(probs.sum())
-    if not (total > 0.0 and torch.isfinite(probs).all()):
-        return None
-    return probs
+def _draw(logits: torch.Tensor, params: list[SamplingParams], uniforms: list[float],
+          rows: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Inverse-CDF draws for the sampled `rows` of `logits`, all on its device: temperature, then top-k,
+    then top-p, then the token where the row's cumulative probability passes its uniform draw."""
+    device = logits.device
+    scores = logits.index_select(0, to_device(rows, torch.int64, device))
+    scores = scores / to_device([p.temperature for p in params], torch.float32, device).unsqueeze(1)
+    vocab = scores.shape[1]
+    top_k = [min(p.top_k, vocab) if p.top_k else vocab for p in params]
+    if min(top_k) < vocab:
+        best = torch.topk(scores, max(top_k), dim=1).values
+        kth = best.gather(1, to_device([k - 1 for k in top_k], torch.int64, device).unsqueeze(1))
+        scores = scores.masked_fill(scores < kth, float("-inf"))  # a score tied with the k-th stays
+    probs = torch.softmax(scores, dim=1)
+    top_p = [p.top_p for p in params]
+    if min(top_p) < 1.0:
+        sorted_p, order = torch.sort(probs, dim=1, descending=True)
+        keep = sorted_p.cumsum(1) - sorted_p < to_device(top_p, torch.float32, device).unsqueeze(1)
+        keep[:, 0] = True  # the most likely token always stays, however small top_p is (even below fp32's range)
+        probs = torch.zeros_like(probs).scatter_(1, order, sorted_p * keep)
+    cdf = probs.double().cumsum(1)
+    total = cdf[:, -1]
+    valid = torch.isfinite(probs).all(dim=1) & (total > 0)
+    target = to_device(uniforms, torch.float64, device) * total
+    drawn = torch.searchsorted(cdf, target.unsqueeze(1), right=True).squeeze(1).clamp_(max=vocab - 1)
+    return drawn, valid
+

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.device import to_device
 from engine.model.config import ModelConfig
 
 KVCache = list[tuple[torch.Tensor, torch.Tensor]]
@@ -43,9 +44,9 @@ class AttentionMetadata:
                 slots.append(blocks[pos // block_size] * block_size + pos % block_size)
         return cls(
             query_lens=list(query_lens),
-            context_lens=torch.tensor(context_lens, dtype=torch.int32, device=device),
-            block_tables=table.to(device),
-            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),
+            context_lens=to_device(context_lens, torch.int32, device),
+            block_tables=table.to(device, non_blocking=True),
+            slot_mapping=to_device(slots, torch.int64, device),
         )
 
 

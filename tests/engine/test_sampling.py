@@ -1,5 +1,5 @@
-"""The sampler's greedy path: one transfer to the host for the whole batch, and a row without a valid
-distribution fails alone."""
+"""The sampler: the whole batch on its device with one transfer to the host, draws that follow the distribution
+asked for and are keyed by (seed, step), and a row without a valid distribution that fails alone."""
 
 from __future__ import annotations
 
@@ -31,3 +31,31 @@ def test_seeded_rows_beside_greedy_ones_keep_their_draws():
     alone = sample(logits[1:2], [seeded], [11], [3])
     assert mixed[0] == int(logits[0].argmax()) and mixed[2] == int(logits[2].argmax())
     assert mixed[1] == alone[0] and mixed[3] == int(sample(logits[3:4], [seeded], [11], [3])[0])
+
+
+def test_draws_follow_the_distribution_top_k_and_top_p_ask_for():
+    logits = torch.tensor([[2.0, 1.0, 0.5, 0.0, -1.0, -3.0]])
+    n = 3000
+
+    def frequencies(params: SamplingParams) -> torch.Tensor:
+        picked = sample(logits.expand(n, -1).contiguous(), [params] * n, list(range(n)), [0] * n)
+        return torch.bincount(torch.tensor(picked), minlength=6).double() / n
+
+    plain = frequencies(SamplingParams(temperature=1.0))
+    assert (plain - torch.softmax(logits[0].double(), 0)).abs().max() < 0.03
+    top_k = frequencies(SamplingParams(temperature=1.0, top_k=2))
+    assert top_k[2:].sum() == 0
+    assert abs(top_k[0] - torch.softmax(logits[0, :2].double(), 0)[0]) < 0.03
+    probs = torch.softmax(logits[0].double(), 0)  # 0.55, 0.20, 0.12, ...: a nucleus of 0.7 keeps the first two
+    top_p = frequencies(SamplingParams(temperature=1.0, top_p=0.7))
+    assert top_p[2:].sum() == 0 and abs(top_p[0] - probs[0] / probs[:2].sum()) < 0.03
+
+
+def test_a_sampled_batch_reads_the_host_once_and_a_seed_draws_the_same_token_at_every_step_it_is_asked():
+    logits = torch.randn(32, 512, generator=torch.Generator().manual_seed(2))
+    params = [SamplingParams(max_tokens=4, temperature=0.9, top_k=50, top_p=0.8, seed=i) for i in range(32)]
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        first = sample(logits, params, list(range(32)), [7] * 32)
+    assert sum(e.count for e in prof.key_averages() if e.key == "aten::_local_scalar_dense") == 0
+    assert first == sample(logits, params, list(range(32)), [7] * 32)  # keyed by (seed, step): a migration redraws it
+    assert first != sample(logits, params, list(range(32)), [8] * 32)  # and the next step draws anew
