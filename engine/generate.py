@@ -6,9 +6,9 @@ import time
 from dataclasses import dataclass, field
 
 from engine.model.decoder import MoEForCausalLM
-from engine.model_runner import ModelRunner, SeqStep
-from engine.sampling import SamplingParams, resolve_seed, sample
-from engine.stop import find_stop, finish_reason
+from engine.core.model_runner import ModelRunner, SeqStep
+from engine.core.sampling import SamplingParams, resolve_seed, sample
+from engine.core.stop import find_stop, finish_reason
 from engine.tokenizer import Tokenizer
 
 
@@ -71,7 +71,8 @@ def generate(
             out.tokens.append(tok)
             if tokenizer is not None:
                 out.text = tokenizer.decode(out.tokens)
-            out.finish_reason = finish_reason(tok, len(out.tokens), out.text, plist[i], eos)
+            hit = bool(plist[i].stop) and find_stop(out.text, plist[i].stop) is not None
+            out.finish_reason = finish_reason(tok, len(out.tokens), hit, plist[i], eos)
             if out.finish_reason is None:
                 still.append(i)
             else:

@@ -64,7 +64,7 @@ def add_commands(subparsers) -> None:
 
 def engine_config(args: argparse.Namespace):
     """EngineConfig from the flags that were given; the rest keep EngineConfig's defaults."""
-    from engine.engine_config import EngineConfig
+    from engine.core.engine_config import EngineConfig
 
     names = ("max_num_seqs", "max_batch_tokens", "kv_cache_bytes", "kv_cache_fraction", "block_size", "max_wait_ms",
              "lone_arrival_ms", "max_queue", "dtype", "device")
@@ -78,7 +78,7 @@ def serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from engine.server.faults import FaultConfig, FaultInjector
-    from engine.llm_engine import LLMEngine
+    from engine.core.llm_engine import LLMEngine
     from engine.server.app import create_app
     from engine.server.auth import load_api_keys
     from engine.metrics import MetricFactory, ServingMetrics

@@ -8,13 +8,13 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from engine.parallel.eplb import Placement
-from engine.model_runner import SeqStep
+from engine.core.model_runner import SeqStep
 from engine.parallel.dep import DEPConfig, DEPRank
 from engine.parallel.dist import DistConfig
 
 
 class SeqSpec(BaseModel):
-    """One sequence's share of a step (see engine.model_runner.SeqStep)."""
+    """One sequence's share of a step (see engine.core.model_runner.SeqStep)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 

@@ -96,7 +96,7 @@ class Check:
 
         from engine.generate import generate
         from engine.model import load_model
-        from engine.sampling import SamplingParams
+        from engine.core.sampling import SamplingParams
 
         torch.backends.cuda.matmul.allow_tf32 = False  # the reference must be fp32, as ours is
         torch.manual_seed(1234)
@@ -148,7 +148,7 @@ class Check:
 
         from engine.generate import GenerationStats, generate
         from engine.model import load_model
-        from engine.sampling import SamplingParams
+        from engine.core.sampling import SamplingParams
 
         dtype = getattr(torch, self.dtype)
         path = self.model_dir()

@@ -27,7 +27,7 @@ from pydantic import BaseModel, Field
 
 from engine.drills.load import replay, run_load_drill_async
 from engine.drills.plane import PlaneFaultError, kill_controller, restart_controller, router_answers
-from engine.drills.results import LoadDrillReport, RequestRecord
+from engine.drills.results import LoadDrillReport
 from engine.drills.spec import LoadDrillSpec
 from engine.control.client import ControlAPIError, ControlClient
 from engine.errors import TideflowError

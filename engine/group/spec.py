@@ -18,7 +18,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from engine.engine_config import EngineKnobs
+from engine.core.engine_config import EngineKnobs
 from engine.errors import TideflowError
 from engine.server.faults import FaultConfig
 from engine.paths import home
@@ -102,7 +102,7 @@ class Resources(BaseModel):
 
 
 class EngineArgs(EngineKnobs):
-    """roles[].engine: the engine's own knobs (engine.engine_config.EngineKnobs, the same defaults as
+    """roles[].engine: the engine's own knobs (engine.core.engine_config.EngineKnobs, the same defaults as
     `tideflow serve`), plus faults for drills."""
 
     faults: FaultConfig | None = Field(None, description="drills only: faults every member injects (errors, slow tokens), "

@@ -18,9 +18,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from engine.parallel.eplb import Placement
 from engine.parallel.expert_lb import ExpertLB, ExpertLBConfig
-from engine.kv_cache import num_blocks_for_budget
+from engine.core.kv_cache import num_blocks_for_budget
 from engine.model.loader import load_model, read_config
-from engine.model_runner import ModelRunner, SeqStep
+from engine.core.model_runner import ModelRunner, SeqStep
 from engine.parallel.dispatch import Exchange, ExchangeKind, ExpertDispatch, as_bytes, from_bytes
 from engine.parallel.dist import DistConfig
 from engine.parallel.expert_load import ExpertLoadStats

@@ -20,9 +20,9 @@ import torch
 
 from engine.errors import EXIT_PEER_LOST, exit_member
 from engine.parallel.expert_lb import ExpertLBConfig
-from engine.engine_config import EngineConfig
-from engine.llm_engine import DEFAULT_KV_FRACTION, LLMEngine
-from engine.model_runner import SeqStep
+from engine.core.engine_config import EngineConfig
+from engine.core.llm_engine import DEFAULT_KV_FRACTION, LLMEngine
+from engine.core.model_runner import SeqStep
 from engine.parallel import dist as pdist
 from engine.parallel.dep import DEPConfig, DEPRank
 from engine.parallel.serve_args import DEPServeConfig

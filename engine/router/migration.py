@@ -1,6 +1,6 @@
 """One client request as the router relays it: what the client got so far, enough to resume it elsewhere.
 
-The router always streams from its upstream, with token ids traced (engine.resume.TRACE_HEADER), and
+The router always streams from its upstream, with token ids traced (engine.core.resume.TRACE_HEADER), and
 keeps here the prompt's token ids, the seed, every token id relayed and the characters of text sent.
 When the upstream breaks mid-stream, `resume()` is what another worker needs to go on from exactly
 there; the events of the new upstream pass through `take` like the first's, so the client sees one
@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import time
 
-from engine.resume import TRACE_FIELD, Resume
+from engine.core.resume import TRACE_FIELD, Resume
 from engine.server.protocol import (
     ChatChoice, ChatCompletionChunk, ChatCompletionResponse, ChatMessageOut, CompletionChoice, CompletionResponse,
     Usage, usage,

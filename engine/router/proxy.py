@@ -25,8 +25,8 @@ import httpx
 from fastapi.responses import Response, StreamingResponse
 
 from engine.http import sse_lines
-from engine.kv_cache import block_hash
-from engine.resume import TRACE_HEADER
+from engine.core.kv_cache import block_hash
+from engine.core.resume import TRACE_HEADER
 from engine.router.balancer import DecodeBalancer, LeastQueuedBalancer, PrefillBalancer
 from engine.router.config import RouterConfig
 from engine.router.health import HealthMonitor

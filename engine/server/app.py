@@ -13,13 +13,14 @@ from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from engine.server.faults import FaultInjector
-from engine.llm_engine import LLMEngine, RequestOutput, RequestStream
+from engine.core.llm_engine import LLMEngine
+from engine.core.outputs import RequestOutput, RequestStream
 from engine.server.standby import InstanceState, ServingSwitch
 from engine.server.admin_routes import admin_routes
 from engine.server.auth import BearerAuth, publish_openapi
 from engine.server.errors import APIError, error_response, install_error_handlers
 from engine.server.limits import DEFAULT_MAX_BODY_BYTES, BodyLimit
-from engine.resume import TRACE_FIELD, TRACE_HEADER, ResumeRequest
+from engine.core.resume import TRACE_FIELD, TRACE_HEADER, ResumeRequest
 from engine.server.pd_routes import pd_routes
 from engine.server.requests import check_model, check_token_ids, params_for, parse_body, prepare
 from engine.transfer import TransportKind

@@ -10,7 +10,7 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from engine.llm_engine import EngineError
+from engine.core.llm_engine import EngineError
 from engine.server.protocol import ErrorDetail, ErrorResponse
 
 log = logging.getLogger(__name__)

@@ -15,8 +15,8 @@ from fastapi import APIRouter, Request
 from engine.encoder.prompt import spliced_prompt
 from engine.encoder.splice import SplicedPrompt
 from engine.server.faults import FaultInjector
-from engine.llm_engine import LLMEngine
-from engine.pd import DecodeRequest, Handoff, HandoffResult, PrefillRequest, new_transfer_id
+from engine.core.llm_engine import LLMEngine
+from engine.core.pd import DecodeRequest, Handoff, HandoffResult, PrefillRequest, new_transfer_id
 from engine.server.errors import APIError
 from engine.server.requests import check_model, check_token_ids, params_for, parse_body
 from engine.transfer import KVTransferError, TransportKind, make_receiver, make_sender

@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from engine.sampling import SamplingParams
+from engine.core.sampling import SamplingParams
 from engine.tokenizer import ChatMessage, Text
 
 

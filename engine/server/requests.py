@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import ValidationError
 
-from engine.sampling import SamplingParams
+from engine.core.sampling import SamplingParams
 from engine.server.errors import APIError, validation_message
 from engine.server.protocol import ChatCompletionRequest, CompletionRequest
 from engine.tokenizer import Tokenizer

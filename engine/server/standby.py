@@ -16,7 +16,7 @@ from enum import Enum
 from pydantic import BaseModel, Field
 
 from engine.errors import TideflowError
-from engine.llm_engine import LLMEngine
+from engine.core.llm_engine import LLMEngine
 
 log = logging.getLogger(__name__)
 

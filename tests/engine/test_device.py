@@ -7,7 +7,7 @@ import torch
 from pydantic import ValidationError
 
 from engine.device import DeviceError, resolve_device
-from engine.engine_config import EngineConfig
+from engine.core.engine_config import EngineConfig
 
 
 def test_cpu_resolves_and_unknown_devices_are_refused_by_name():

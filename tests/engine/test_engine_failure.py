@@ -5,9 +5,9 @@ import threading
 
 import pytest
 
-from engine.llm_engine import EngineConfig, EngineError, LLMEngine
+from engine.core.llm_engine import EngineConfig, EngineError, LLMEngine
 from engine.model import load_model
-from engine.sampling import SamplingParams
+from engine.core.sampling import SamplingParams
 from engine.tokenizer import Tokenizer
 
 

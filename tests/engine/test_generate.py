@@ -6,7 +6,7 @@ import pytest
 
 from engine.generate import generate
 from engine.model import load_model
-from engine.sampling import SamplingParams
+from engine.core.sampling import SamplingParams
 from engine.tokenizer import Tokenizer
 
 

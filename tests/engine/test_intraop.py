@@ -11,8 +11,8 @@ PROBE = textwrap.dedent("""
     import json, sys, threading
     import torch
     from engine import intraop
-    from engine.llm_engine import EngineConfig, LLMEngine
-    from engine.sampling import SamplingParams
+    from engine.core.llm_engine import EngineConfig, LLMEngine
+    from engine.core.sampling import SamplingParams
 
     given = intraop.serial_process()
     seen = {"given": given, "main": torch.get_num_threads()}

@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from engine.default_model import TINY_CONFIG
-from engine.kv_cache import BlockAllocator, OutOfBlocks, block_hash, export_blocks, import_blocks, num_blocks_for_budget
+from engine.core.kv_cache import BlockAllocator, OutOfBlocks, block_hash, export_blocks, import_blocks, num_blocks_for_budget
 from engine.model.paged import allocate_kv_cache, kv_bytes_per_block
-from engine.sampling import SamplingParams
-from engine.sequence import Sequence
+from engine.core.sampling import SamplingParams
+from engine.core.sequence import Sequence
 
 
 def seq(tokens: list[int], rid: str = "r") -> Sequence:

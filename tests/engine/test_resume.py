@@ -7,10 +7,11 @@ import queue
 
 import pytest
 
-from engine.llm_engine import EngineConfig, LLMEngine, PromptTooLong, RequestOutput
+from engine.core.llm_engine import EngineConfig, LLMEngine, PromptTooLong
+from engine.core.outputs import RequestOutput
 from engine.model.loader import load_model
-from engine.resume import Resume
-from engine.sampling import SamplingParams
+from engine.core.resume import Resume
+from engine.core.sampling import SamplingParams
 from engine.tokenizer import Tokenizer
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from engine.sampling import SamplingParams, sample
+from engine.core.sampling import SamplingParams, sample
 
 GREEDY = SamplingParams(max_tokens=4)
 

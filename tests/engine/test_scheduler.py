@@ -9,13 +9,13 @@ import time
 import pytest
 
 from engine.generate import generate
-from engine.kv_cache import BlockAllocator
-from engine.llm_engine import EngineConfig, LLMEngine
+from engine.core.kv_cache import BlockAllocator
+from engine.core.llm_engine import EngineConfig, LLMEngine
 from engine.model.loader import load_model
 from engine.model.paged import kv_bytes_per_block
-from engine.sampling import SamplingParams
-from engine.scheduler import Scheduler
-from engine.sequence import Sequence, SeqStatus
+from engine.core.sampling import SamplingParams
+from engine.core.scheduler import Scheduler
+from engine.core.sequence import Sequence, SeqStatus
 from engine.tokenizer import Tokenizer
 
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from engine.sampling import SamplingParams
-from engine.sequence import Sequence
-from engine.shuttle import ShuttleWindow
+from engine.core.sampling import SamplingParams
+from engine.core.sequence import Sequence
+from engine.core.shuttle import ShuttleWindow
 
 
 def seq(n: int, rid: str) -> Sequence:

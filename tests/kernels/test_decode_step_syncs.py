@@ -9,9 +9,9 @@ import pytest
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from engine.engine_config import EngineConfig
-from engine.llm_engine import LLMEngine
-from engine.sampling import SamplingParams
+from engine.core.engine_config import EngineConfig
+from engine.core.llm_engine import LLMEngine
+from engine.core.sampling import SamplingParams
 from tideflow_kernels import ops
 
 STREAMS = 32
@@ -27,7 +27,9 @@ def compiled_ops(cpu_build):
 
 
 def test_a_32_stream_decode_step_syncs_with_the_host_at_most_once(compiled_ops, tiny_model_dir, monkeypatch):
-    engine = LLMEngine.from_dir(tiny_model_dir, EngineConfig(device="cpu", dtype="float32", max_num_seqs=STREAMS))
+    # one shuttle carries all 32 arrivals (no lone first departure), so every step after the prefill decodes all 32
+    config = EngineConfig(device="cpu", dtype="float32", max_num_seqs=STREAMS, max_wait_ms=1000, lone_arrival_ms=0)
+    engine = LLMEngine.from_dir(tiny_model_dir, config)
     host_reads = []
     real_tolist = torch.Tensor.tolist
 

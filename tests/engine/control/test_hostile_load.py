@@ -4,7 +4,6 @@ the normal requests see no error at all, and each hostile one gets its own answe
 from __future__ import annotations
 
 import threading
-import time
 
 import httpx
 import pytest

@@ -16,7 +16,7 @@ from engine.encoder.vision import load_vision_encoder, write_vision_encoder
 from engine.encoder.worker import EncoderWorker
 from engine.errors import CheckpointError
 from engine.model import load_model
-from engine.model_runner import ModelRunner, SeqStep
+from engine.core.model_runner import ModelRunner, SeqStep
 from engine.tokenizer import Tokenizer
 
 PLACEHOLDER = 0

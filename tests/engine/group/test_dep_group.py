@@ -20,7 +20,7 @@ from engine.group.spec import InferenceGroup
 from engine.model import load_model
 from engine.parallel.serving import EXIT_PEER_LOST
 from engine.process import Child, free_port, tideflow_argv, wait_http_ok
-from engine.sampling import SamplingParams
+from engine.core.sampling import SamplingParams
 from engine.tokenizer import ChatMessage, Tokenizer
 
 EIGHT_EXPERTS = TINY_CONFIG.model_copy(update={"num_experts": 8})

@@ -17,11 +17,11 @@ from engine.encoder.vision import load_vision_encoder
 from engine.encoder.worker import EncoderWorker
 from engine.group.manager import GroupState
 from engine.group.spec import InferenceGroup
-from engine.kv_cache import BlockAllocator
-from engine.llm_engine import EngineConfig, LLMEngine
+from engine.core.kv_cache import BlockAllocator
+from engine.core.llm_engine import EngineConfig, LLMEngine
 from engine.model import load_model
-from engine.sampling import SamplingParams
-from engine.sequence import Sequence
+from engine.core.sampling import SamplingParams
+from engine.core.sequence import Sequence
 from engine.server.errors import APIError
 from engine.server.protocol import ChatCompletionRequest
 from engine.server.requests import prompt_ids

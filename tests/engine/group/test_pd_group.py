@@ -15,7 +15,7 @@ from engine.generate import generate
 from engine.group.backend import Phase
 from engine.group.manager import GroupState
 from engine.model import load_model
-from engine.sampling import SamplingParams
+from engine.core.sampling import SamplingParams
 from engine.tokenizer import Tokenizer
 
 PROMPTS = [("the pipeline " * (1 + i % 7)) + f"request {i}" for i in range(32)]

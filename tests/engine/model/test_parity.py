@@ -8,7 +8,7 @@ import transformers
 
 from engine.generate import generate
 from engine.model import load_model
-from engine.sampling import SamplingParams
+from engine.core.sampling import SamplingParams
 from tests.engine.model.conftest import full_forward_logits
 
 COMMON = dict(vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=2,

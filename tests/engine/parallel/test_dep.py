@@ -10,7 +10,7 @@ from engine.default_model import TINY_CONFIG, write_default_model
 from engine.parallel.eplb import Placement, rebalance_experts
 from engine.parallel.expert_lb import ExpertLBConfig
 from engine.model import load_model
-from engine.model_runner import ModelRunner, SeqStep
+from engine.core.model_runner import ModelRunner, SeqStep
 from engine.parallel.dep import DEPConfig, DEPRank
 from engine.parallel.dist import DistConfig
 from engine.parallel.launch import RankError, run_ranks
@@ -139,7 +139,7 @@ def test_dep1_runs_without_a_process_group(moe8_dir):
 def test_the_kv_cache_is_sized_from_the_memory_left_after_the_weights(moe8_dir, monkeypatch):
     """Sized before loading, a fraction of free GPU memory would count the weights' memory twice (issue #23): the
     rank asks how much memory is left only once its weights are loaded, and sizes the cache from that."""
-    import engine.kv_cache
+    import engine.core.kv_cache
     import engine.parallel.dep as dep
 
     loaded, asked = [], []
@@ -155,11 +155,11 @@ def test_the_kv_cache_is_sized_from_the_memory_left_after_the_weights(moe8_dir, 
         return 64 << 20
 
     monkeypatch.setattr(dep, "load_model", load)
-    monkeypatch.setattr(engine.kv_cache, "available_memory", available)
+    monkeypatch.setattr(engine.core.kv_cache, "available_memory", available)
     rank = DEPRank(DistConfig(rank=0, world_size=1, port=1),
                    DEPConfig(model_dir=str(moe8_dir), num_blocks=None, kv_cache_fraction=0.5))
     assert asked == [True]
-    per_block = engine.kv_cache.kv_bytes_per_block(rank.config, 16)
+    per_block = engine.core.kv_cache.kv_bytes_per_block(rank.config, 16)
     assert rank.runner.num_blocks == (32 << 20) // per_block
     by_bytes = DEPRank(DistConfig(rank=0, world_size=1, port=1),
                        DEPConfig(model_dir=str(moe8_dir), num_blocks=None, kv_cache_bytes=per_block * 5))

@@ -8,7 +8,7 @@ import time
 import httpx
 import pytest
 
-from engine.llm_engine import EngineConfig, LLMEngine
+from engine.core.llm_engine import EngineConfig, LLMEngine
 from engine.model.loader import load_model
 from engine.server.app import create_app
 from engine.server.inproc import serve_in_thread

@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from engine.llm_engine import EngineConfig
+from engine.core.llm_engine import EngineConfig
 from tests.engine.server.conftest import MODEL, serve, wait_until
 
 

@@ -9,7 +9,7 @@ import openai
 import pytest
 import torch
 
-from engine.sampling import SamplingParams, resolve_seed, sample
+from engine.core.sampling import SamplingParams, resolve_seed, sample
 from tests.engine.server.conftest import API_KEY, MODEL, wait_until
 
 

@@ -10,10 +10,10 @@ import pytest
 
 from engine.default_model import TINY_CONFIG
 from engine.generate import generate
-from engine.llm_engine import EngineConfig
+from engine.core.llm_engine import EngineConfig
 from engine.model.loader import load_model
 from engine.model.paged import kv_bytes_per_block
-from engine.sampling import SamplingParams
+from engine.core.sampling import SamplingParams
 from engine.tokenizer import ChatMessage, Tokenizer
 from tests.engine.server.conftest import API_KEY, MODEL, serve
 

@@ -66,7 +66,7 @@ def test_flags_build_the_engine_config():
 # the model step (where a failure fails only its batch) ends the engine thread of a running member.
 BROKEN_AFTER_TRIGGER = """
 import os, sys
-from engine import llm_engine
+from engine.core import llm_engine
 from engine.main import main
 observe = llm_engine.LLMEngine._observe
 def observe_until_triggered(self, plan):

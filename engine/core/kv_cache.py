@@ -14,7 +14,7 @@ import torch
 
 from engine.model.config import ModelConfig
 from engine.model.paged import KVCache, kv_bytes_per_block
-from engine.sequence import Sequence
+from engine.core.sequence import Sequence
 
 
 class OutOfBlocks(Exception):

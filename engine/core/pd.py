@@ -2,8 +2,8 @@
 
 The prefill engine computes the prompt, samples the first token, exports the prompt's KV blocks
 into the transport's staging buffer and finishes the sequence (its blocks stay in the prefix
-cache). The decode engine imports those bytes into fresh blocks and continues from the first
-token, with the request's seed carried over so seeded sampling is unchanged.
+cache): `hand_off`. The decode engine imports those bytes into fresh blocks and continues from the first
+token, with the request's seed carried over so seeded sampling is unchanged: `import_prefilled`.
 """
 
 from __future__ import annotations
@@ -14,9 +14,10 @@ from dataclasses import dataclass
 from pydantic import BaseModel, Field
 
 from engine.encoder.prompt import PromptImage
-from engine.kv_cache import export_into, kv_nbytes
+from engine.core.kv_cache import BlockAllocator, export_into, import_blocks, kv_nbytes
 from engine.model.paged import KVCache
-from engine.resume import Resume
+from engine.core.resume import Resume
+from engine.core.sequence import Sequence
 from engine.transfer import KVSender, TransferDescriptor
 
 
@@ -34,7 +35,7 @@ class HandoffResult(BaseModel):
     first_token: int
     descriptor: TransferDescriptor
     seed: int | None = Field(None, ge=-(2**63), lt=2**64,
-                             description="what the request samples from (engine.sampling.step_uniform); None = greedy")
+                             description="what the request samples from (engine.core.sampling.step_uniform); None = greedy")
     num_cached_tokens: int = Field(0, ge=0, description="prompt tokens prefill found in its prefix cache")
 
 
@@ -68,3 +69,25 @@ def export_kv(kv_cache: KVCache, block_ids: list[int], handoff: Handoff) -> Tran
         raise
     view.release()
     return handoff.sender.commit(handoff.transfer_id)
+
+
+def hand_off(allocator: BlockAllocator, kv_cache: KVCache, seq: Sequence, first_token: int) -> HandoffResult:
+    """Prefill role: export the blocks of the prompt (and of a resumed request's tokens) for the decode worker,
+    with what it needs to go on from `first_token` as this engine would have."""
+    blocks = seq.block_table[: allocator.blocks_for(seq.num_tokens)]
+    descriptor = export_kv(kv_cache, blocks, seq.handoff)
+    return HandoffResult(first_token=first_token, descriptor=descriptor, seed=seq.seed,
+                         num_cached_tokens=seq.num_cached_prompt)
+
+
+def import_prefilled(allocator: BlockAllocator, kv_cache: KVCache, seq: Sequence, kv: memoryview) -> None:
+    """Decode role: place a prefilled sequence's KV bytes into fresh blocks; its tokens count as computed.
+    Raises OutOfBlocks while the cache has too few free blocks (nothing is taken then)."""
+    blocks = allocator.allocate_blocks(allocator.blocks_for(seq.num_tokens))
+    try:
+        import_blocks(kv_cache, blocks, kv)
+    except BaseException:
+        allocator.free_blocks(blocks)
+        raise
+    seq.block_table, seq.num_computed = blocks, seq.num_tokens
+    allocator.commit(seq)

@@ -47,7 +47,7 @@ class ModelRunner:
         """Logits [len(seqs), vocab] (fp32) at each sequence's last new token."""
         if not self.kv_cache:
             raise RuntimeError("KV cache is released: activate the instance before running steps")
-        ids, pos, embeds = [], [], []
+        ids, pos = [], []
         for s in seqs:
             ids.extend(s.tokens)
             pos.extend(range(s.start, s.start + len(s.tokens)))

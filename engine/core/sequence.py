@@ -6,7 +6,7 @@ import enum
 import time
 from dataclasses import dataclass, field
 
-from engine.sampling import SamplingParams
+from engine.core.sampling import SamplingParams
 
 
 class SeqStatus(enum.Enum):
@@ -26,7 +26,7 @@ class Sequence:
     request_id: str
     prompt_tokens: list[int]
     params: SamplingParams
-    seed: int | None = None  # engine.sampling.resolve_seed: None for greedy requests
+    seed: int | None = None  # engine.core.sampling.resolve_seed: None for greedy requests
     arrival: float = field(default_factory=time.monotonic)
     output_tokens: list[int] = field(default_factory=list)
     status: SeqStatus = SeqStatus.WAITING
@@ -36,7 +36,7 @@ class Sequence:
     num_cached_prompt: int = 0  # prompt tokens served from the prefix cache at first admission
     admitted: bool = False
     finish_reason: str | None = None
-    handoff: object | None = None  # engine.pd.Handoff: a decode worker continues after the first token
+    handoff: object | None = None  # engine.core.pd.Handoff: a decode worker continues after the first token
     block_extras: dict[int, bytes] = field(default_factory=dict)  # block index -> image hashes folded into its hash
 
     @property

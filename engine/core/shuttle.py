@@ -11,7 +11,7 @@ Arrivals that come close together still gather: the second of a burst opens a wi
 
 from __future__ import annotations
 
-from engine.sequence import Sequence
+from engine.core.sequence import Sequence
 
 
 class ShuttleWindow:

@@ -15,7 +15,7 @@ import queue
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -23,22 +23,24 @@ import torch
 
 from engine.device import to_device
 from engine.encoder.prompt import block_extras, step_embeds
-from engine.engine_config import EngineConfig
+from engine.core.engine_config import EngineConfig
 from engine.encoder.splice import SplicedPrompt
 from engine.errors import TideflowError
 from engine import intraop
-from engine.kv_cache import BlockAllocator, OutOfBlocks, import_blocks, num_blocks_for_budget
+from engine.core.kv_cache import BlockAllocator, OutOfBlocks, num_blocks_for_budget
 from engine.model.decoder import MoEForCausalLM
 from engine.model.loader import load_model
-from engine.model_runner import ModelRunner, SeqStep
-from engine.pd import Handoff, HandoffResult, export_kv
-from engine.resume import Resume
-from engine.sampling import SamplingParams, resolve_seed, sample
-from engine.scheduler import Scheduler, StepPlan
-from engine.sequence import Sequence, SeqStatus
+from engine.core.model_runner import ModelRunner, SeqStep
+from engine.core.outputs import RequestOutput, RequestStream, Result, Sink
+from engine.core.output_text import RequestText
+from engine.core.pd import Handoff, HandoffResult, hand_off, import_prefilled
+from engine.core.resume import Resume
+from engine.core.sampling import SamplingParams, resolve_seed, sample
+from engine.core.scheduler import Scheduler, StepPlan
+from engine.core.sequence import Sequence
 from engine.metrics import ServingMetrics
-from engine.stop import find_stop, finish_reason
-from engine.tokenizer import IncrementalDecoder, Tokenizer
+from engine.core.stop import finish_reason
+from engine.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -61,39 +63,6 @@ class QueueFull(EngineError):
 
 
 @dataclass
-class RequestOutput:
-    """One event of a request's stream: new tokens and text, and the finish reason on the last."""
-
-    request_id: str
-    token_ids: list[int]
-    text: str
-    finish_reason: str | None
-    prompt_tokens: int
-    completion_tokens: int
-    cached_tokens: int
-    error: str | None = None
-    handoff: HandoffResult | None = None
-    seed: int | None = None  # what the request draws from: another worker resuming it draws the same
-
-    @property
-    def finished(self) -> bool:
-        return self.finish_reason is not None
-
-
-@dataclass
-class Result:
-    """A whole request's outcome (the synchronous `generate` API)."""
-
-    token_ids: list[int] = field(default_factory=list)
-    text: str = ""
-    finish_reason: str | None = None
-    cached_tokens: int = 0
-
-
-Sink = Callable[[RequestOutput], None]
-
-
-@dataclass
 class _Import:
     """A prefilled sequence waiting for KV blocks on a decode worker."""
 
@@ -106,32 +75,11 @@ class _Import:
 class _Request:
     seq: Sequence
     sink: Sink
-    decoder: IncrementalDecoder
-    holdback: int
+    text: RequestText
     imported: _Import | None = None
     spliced: SplicedPrompt | None = None  # a prompt with images: embeddings for the image positions
-    sent_chars: int = 0
     first_token_at: float | None = None
     last_token_at: float | None = None
-
-
-class RequestStream:
-    """Async iterator over one request's outputs, fed from the engine thread."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
-        self.queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
-        self.request_id = ""
-
-    def put(self, out: RequestOutput) -> None:
-        self.loop.call_soon_threadsafe(self.queue.put_nowait, out)
-
-    async def __aiter__(self):
-        while True:
-            out = await self.queue.get()
-            yield out
-            if out.finished:
-                return
 
 
 class LLMEngine:
@@ -242,17 +190,15 @@ class LLMEngine:
 
     def _new_request(self, seq: Sequence, sink: Sink, images: SplicedPrompt | None = None,
                      resume: Resume | None = None) -> _Request:
-        holdback = max((len(s) for s in seq.params.stop), default=1) - 1
         if images is not None and images.images:
             seq.block_extras = block_extras(images.images, self.config.block_size)
         else:
             images = None
-        req = _Request(seq, sink, IncrementalDecoder(self.tokenizer), holdback, spliced=images)
-        if resume is not None:
-            seq.output_tokens = list(resume.output_token_ids)
-            req.decoder.prime(seq.output_tokens)
-            req.sent_chars = min(resume.sent_chars, len(req.decoder.text))
-        return req
+        streamed = None if resume is None else list(resume.output_token_ids)
+        if streamed:
+            seq.output_tokens = list(streamed)
+        text = RequestText(self.tokenizer, seq.params.stop, streamed, 0 if resume is None else resume.sent_chars)
+        return _Request(seq, sink, text, spliced=images)
 
     def _enqueue(self, req: _Request) -> str:
         with self._submit_lock:
@@ -438,36 +384,31 @@ class LLMEngine:
             imp.on_imported()
             return True
         try:
-            blocks = self.allocator.allocate_blocks(self.allocator.blocks_for(seq.num_tokens))
+            import_prefilled(self.allocator, self.runner.kv_cache, seq, imp.kv)
         except OutOfBlocks:
             if self.scheduler.running:
                 return False  # blocks free up as running sequences finish
             imp.on_imported()
             self._fail(req, "the prompt's KV does not fit this decode worker's cache")
             return True
-        try:
-            import_blocks(self.runner.kv_cache, blocks, imp.kv)
-        finally:
+        except Exception as exc:  # bytes that do not fit the cache's layout fail this request alone
             imp.on_imported()
-        seq.block_table, seq.num_computed = blocks, seq.num_tokens
-        seq.status, seq.admitted = SeqStatus.RUNNING, True
-        self.allocator.commit(seq)
-        self.scheduler.running.append(seq)
-        self.scheduler.running.sort(key=lambda s: s.arrival)
+            self._fail(req, f"KV import failed: {exc}")
+            return True
+        imp.on_imported()
+        self.scheduler.adopt(seq)
         self._on_token(req, imp.first_token, time.monotonic())
         return True
 
     def _hand_off(self, req: _Request, tok: int, now: float) -> None:
         """Prefill role: export the prompt's blocks, report the first token, finish here."""
         seq = req.seq
-        blocks = seq.block_table[: self.allocator.blocks_for(seq.num_tokens)]  # prompt (+ resumed tokens)
         try:
-            desc = export_kv(self.runner.kv_cache, blocks, seq.handoff)
+            result = hand_off(self.allocator, self.runner.kv_cache, seq, tok)
         except Exception as exc:
             self.scheduler.abort(seq.request_id)
             self._fail(req, f"KV export failed: {exc}")
             return
-        result = HandoffResult(first_token=tok, descriptor=desc, seed=seq.seed, num_cached_tokens=seq.num_cached_prompt)
         self.metrics.ttft.observe(now - seq.arrival)
         self.scheduler.finish(seq, "handoff")
         del self._requests[seq.request_id]
@@ -527,17 +468,11 @@ class LLMEngine:
         else:
             m.itl.observe(now - req.last_token_at)
         req.last_token_at = now
-        req.decoder.push(tok)
-        reason = finish_reason(tok, len(seq.output_tokens), req.decoder.text, seq.params, self.eos_ids)
+        reason = finish_reason(tok, len(seq.output_tokens), req.text.push(tok), seq.params, self.eos_ids)
         if reason is None:
-            visible = len(req.decoder.text) - req.holdback
-            text = req.decoder.text[req.sent_chars : visible] if visible > req.sent_chars else ""
-            req.sent_chars += len(text)
-            req.sink(self._output(req, [tok], text, None))
+            req.sink(self._output(req, [tok], req.text.delta(), None))
             return
-        final = self.tokenizer.decode(seq.output_tokens)
-        cut = find_stop(final, seq.params.stop) if seq.params.stop else None
-        final = final if cut is None else final[:cut]
+        final = req.text.rest(seq.output_tokens)
         new = [] if (not seq.params.ignore_eos and tok in self.eos_ids) else [tok]
         if not new:
             seq.output_tokens.pop()
@@ -548,7 +483,7 @@ class LLMEngine:
         if n > 1:
             m.tpot.observe((now - req.first_token_at) / (n - 1))
         m.requests.labels(reason).inc()
-        req.sink(self._output(req, new, final[req.sent_chars :], reason))
+        req.sink(self._output(req, new, final, reason))
 
     def _fail(self, req: _Request, why: str) -> None:
         self._requests.pop(req.seq.request_id, None)

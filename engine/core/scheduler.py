@@ -14,9 +14,9 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, Field
 
-from engine.kv_cache import BlockAllocator, OutOfBlocks
-from engine.sequence import Sequence, SeqStatus
-from engine.shuttle import ShuttleWindow
+from engine.core.kv_cache import BlockAllocator, OutOfBlocks
+from engine.core.sequence import Sequence, SeqStatus
+from engine.core.shuttle import ShuttleWindow
 
 
 class PrefixStats(BaseModel):
@@ -117,6 +117,12 @@ class Scheduler:
         if admitted:
             self.running.sort(key=lambda s: s.arrival)
         return StepPlan(batch, departed, preempted)
+
+    def adopt(self, seq: Sequence) -> None:
+        """Run a sequence whose KV is already in its blocks (prefilled by another engine) from the next step."""
+        seq.status, seq.admitted = SeqStatus.RUNNING, True
+        self.running.append(seq)
+        self.running.sort(key=lambda s: s.arrival)
 
     def advance(self, plan: StepPlan) -> None:
         """Account the computed tokens after the model step; name newly full blocks."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from engine.sampling import SamplingParams
+from engine.core.sampling import SamplingParams
 
 
 def find_stop(text: str, stops: list[str]) -> int | None:
@@ -11,11 +11,11 @@ def find_stop(text: str, stops: list[str]) -> int | None:
     return min(hits) if hits else None
 
 
-def finish_reason(token: int, n_generated: int, text: str, params: SamplingParams, eos_ids: tuple[int, ...]) -> str | None:
-    """'stop' (EOS or stop string), 'length' (max_tokens), or None to go on."""
-    if not params.ignore_eos and token in eos_ids:
-        return "stop"
-    if params.stop and find_stop(text, params.stop) is not None:
+def finish_reason(token: int, n_generated: int, stop_string_hit: bool, params: SamplingParams,
+                  eos_ids: tuple[int, ...]) -> str | None:
+    """'stop' (EOS, or a stop string: the text's verdict, engine.core.output_text), 'length' (max_tokens), or None
+    to go on."""
+    if (not params.ignore_eos and token in eos_ids) or stop_string_hit:
         return "stop"
     if n_generated >= params.max_tokens:
         return "length"

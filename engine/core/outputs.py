@@ -1,0 +1,62 @@
+"""What a request's stream carries out of the engine, and the ways to receive it (a sink, an async stream,
+a whole result)."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Callable
+
+from engine.core.pd import HandoffResult
+
+
+@dataclass
+class RequestOutput:
+    """One event of a request's stream: new tokens and text, and the finish reason on the last."""
+
+    request_id: str
+    token_ids: list[int]
+    text: str
+    finish_reason: str | None
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    error: str | None = None
+    handoff: HandoffResult | None = None
+    seed: int | None = None  # what the request draws from: another worker resuming it draws the same
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass
+class Result:
+    """A whole request's outcome (the synchronous `generate` API)."""
+
+    token_ids: list[int] = field(default_factory=list)
+    text: str = ""
+    finish_reason: str | None = None
+    cached_tokens: int = 0
+
+
+Sink = Callable[[RequestOutput], None]
+
+
+class RequestStream:
+    """Async iterator over one request's outputs, fed from the engine thread."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
+        self.request_id = ""
+
+    def put(self, out: RequestOutput) -> None:
+        self.loop.call_soon_threadsafe(self.queue.put_nowait, out)
+
+    async def __aiter__(self):
+        while True:
+            out = await self.queue.get()
+            yield out
+            if out.finished:
+                return
