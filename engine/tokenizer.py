@@ -117,23 +117,43 @@ class Tokenizer:
 
 
 class IncrementalDecoder:
-    """Turns a growing token list into text deltas without splitting multi-byte characters."""
+    """Turns a growing token list into text deltas without splitting multi-byte characters.
+
+    Each token decodes a short window (the last few tokens already turned into text, then the new ones) rather
+    than every token so far: a whole-list decode per token costs O(n) per token, 0.7 ms at 1,024 tokens, on the
+    thread that runs the model steps. The window's first tokens are decoded twice and their text subtracted, so a
+    tokenizer whose decoding of a token depends on its left neighbour (a leading space dropped at the start)
+    gives the text a whole decode gives.
+    """
+
+    WINDOW = 5  # tokens of already-decoded context before the new ones
 
     def __init__(self, tokenizer: Tokenizer) -> None:
         self.tokenizer = tokenizer
         self.ids: list[int] = []
         self.text = ""
+        self._prefix = 0  # where the decode window starts
+        self._read = 0  # ids before this are in `text`
 
     def prime(self, tokens: list[int]) -> None:
         """Start from tokens already streamed (a resumed request): one decode instead of one per token.
         Text stops before a trailing incomplete character, as `push` would have left it."""
         self.ids = list(tokens)
-        self.text = self.tokenizer.decode(self.ids).rstrip("\ufffd")
+        read = len(self.ids)
+        text = self.tokenizer.decode(self.ids)
+        while read and text.endswith("\ufffd"):  # its bytes go on in the next token: leave it unread
+            read -= 1
+            text = self.tokenizer.decode(self.ids[:read])
+        self.text, self._read, self._prefix = text, read, max(0, read - self.WINDOW)
 
     def push(self, token: int) -> str:
         self.ids.append(token)
-        text = self.tokenizer.decode(self.ids)
-        if text.endswith("\ufffd"):
-            return ""  # an incomplete UTF-8 sequence: wait for the next token
-        delta, self.text = text[len(self.text):], text
+        before = self.tokenizer.decode(self.ids[self._prefix : self._read])
+        window = self.tokenizer.decode(self.ids[self._prefix :])
+        if window.endswith("\ufffd") or len(window) <= len(before):
+            return ""  # an incomplete UTF-8 sequence (or nothing visible yet): wait for the next token
+        delta = window[len(before) :]
+        self.text += delta
+        self._read = len(self.ids)
+        self._prefix = max(0, self._read - self.WINDOW)
         return delta

@@ -34,3 +34,21 @@ def test_incremental_decoder_rebuilds_text(tiny_model_dir):
     text = "naïve café — 東京"
     dec = IncrementalDecoder(tok)
     assert "".join(dec.push(t) for t in tok.encode(text)) == text
+
+
+def test_incremental_text_equals_a_whole_decode_at_every_token_and_after_a_resume(tiny_model_dir):
+    """The decoder reads a short window per token; its text must still be what decoding every token gives,
+    through multi-byte characters split across tokens, special tokens (skipped) and a resume mid-character."""
+    tok = Tokenizer(tiny_model_dir)
+    ids = tok.encode("naïve café — 東京 tower, 🌊 tides; " * 6)
+    eos = tok.token_id("<|endoftext|>")
+    ids = ids[:20] + [eos] + ids[20:]
+    dec = IncrementalDecoder(tok)
+    for n, t in enumerate(ids, 1):
+        dec.push(t)
+        assert dec.text == tok.decode(ids[:n]).rstrip("\ufffd")
+    split = next(n for n in range(1, len(ids)) if tok.decode(ids[:n]).endswith("\ufffd"))  # mid-character
+    resumed = IncrementalDecoder(tok)
+    resumed.prime(ids[:split])
+    rest = "".join(resumed.push(t) for t in ids[split:])
+    assert resumed.text == tok.decode(ids) and resumed.text.endswith(rest)
