@@ -13,7 +13,6 @@ grows faster than its batch at the host.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import random
 import sys
 import tempfile
@@ -24,10 +23,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import print_table  # noqa: E402
+from serving import engine_throughput  # noqa: E402
 
 from engine.core.engine_config import EngineConfig  # noqa: E402
 from engine.core.llm_engine import LLMEngine  # noqa: E402
-from engine.core.sampling import SamplingParams  # noqa: E402
 from engine.default_model import DEFAULT_CONFIG, write_default_model  # noqa: E402
 from engine.model.loader import load_model  # noqa: E402
 from engine.tokenizer import Tokenizer  # noqa: E402
@@ -65,21 +64,6 @@ class StepLog:
         engine.scheduler.schedule, engine.runner.step, engine._run = timed_schedule, timed_step, timed_run
 
 
-def run_streams(engine: LLMEngine, prompts: list[list[int]], gen: int) -> float:
-    """Output tokens/s with every prompt its own concurrent stream."""
-    params = SamplingParams(max_tokens=gen, ignore_eos=True)
-
-    async def consume(prompt: list[int]) -> int:
-        return sum([len(out.token_ids) async for out in engine.stream(prompt, params)])
-
-    async def run() -> int:
-        return sum(await asyncio.gather(*(consume(p) for p in prompts)))
-
-    t0 = time.perf_counter()
-    tokens = asyncio.run(run())
-    return tokens / (time.perf_counter() - t0)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--streams", type=int, nargs="+", default=[1, 32, 64, 128, 256])
@@ -108,7 +92,7 @@ def main() -> None:
             engine.warm_up()
             log = StepLog(engine, device)
             prompts = [[rng.randrange(3, vocab) for _ in range(args.prompt_len)] for _ in range(streams)]
-            tok_s = run_streams(engine, prompts, args.gen)
+            tok_s = engine_throughput(engine, prompts, args.gen)
             engine.stop()
             rows.append([streams, cap, round(tok_s, 1), round(tok_s / streams, 1), log.steps,
                          round(log.batch / max(log.steps, 1), 1), round(1e3 * log.step_s / max(log.steps, 1), 2),

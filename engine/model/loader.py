@@ -73,7 +73,7 @@ def load_model(
         log.info("expert weights kept in the tiled layout the routed moe_experts streams fastest")
     packed = pack_linears(model)
     if packed:
-        log.info("%d bf16 projections packed for oneDNN", packed)
+        log.info("%d projections packed for oneDNN (measured faster here than F.linear)", packed)
     del state  # its tensors are the loaded weights: move_weights frees each once it is copied
     arena = move_weights(model)
     if arena is not None:

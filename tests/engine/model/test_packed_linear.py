@@ -1,4 +1,5 @@
-"""bf16 projections packed for oneDNN at load: the same products, tied weights and other dtypes left plain."""
+"""CPU projections packed for oneDNN at load where measured faster: the same products; tied weights, layers that
+disagree and layers measured slower left plain."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from torch import nn
 
 from engine.default_model import write_default_model
 from engine.model import load_model
+from engine.model import packed_linear
 from engine.model.packed_linear import PackedLinear, pack_linears, packing_available
 from tests.engine.model.conftest import TILE_SHAPED_CONFIG, full_forward_logits
 
@@ -17,17 +19,36 @@ def count(model, kind) -> int:
     return sum(isinstance(m, kind) for m in model.modules())
 
 
-def test_a_bf16_model_is_loaded_with_every_projection_packed_and_the_same_logits(tmp_path, monkeypatch):
+@pytest.mark.parametrize("dtype,tolerance", [("bfloat16", 0.05), ("float32", 1e-4)])
+def test_a_model_measured_faster_packed_has_every_projection_packed_and_the_same_logits(tmp_path, monkeypatch, dtype,
+                                                                                         tolerance):
     model_dir = write_default_model(tmp_path / "model", TILE_SHAPED_CONFIG, seed=5)
     ids = torch.randint(0, 512, (21,), generator=torch.Generator().manual_seed(1))
-    packed = load_model(model_dir, "bfloat16")
+    monkeypatch.setattr(packed_linear, "packing_pays", lambda linear, packed: True)
+    packed = load_model(model_dir, dtype)
     # per layer q, k, v, o and the router's gate; then the lm_head
     assert count(packed, PackedLinear) == 2 * 5 + 1 and count(packed, nn.Linear) == 0
-    monkeypatch.setattr("engine.model.loader.pack_linears", lambda model: 0)
-    plain = load_model(model_dir, "bfloat16")
+    monkeypatch.setattr(packed_linear, "packing_pays", lambda linear, packed: False)
+    plain = load_model(model_dir, dtype)
+    assert count(plain, PackedLinear) == 0
     got, want = full_forward_logits(packed, ids), full_forward_logits(plain, ids)
-    assert (got - want).abs().max() <= 0.05 * want.abs().max()
-    assert count(load_model(model_dir, "float32"), PackedLinear) == 0  # fp32 runs torch's own GEMM
+    assert (got - want).abs().max() <= tolerance * want.abs().max()
+
+
+def test_the_measurement_keeps_the_faster_side_and_times_each_shape_once(monkeypatch):
+    model = nn.Module()
+    model.a, model.b = nn.Linear(32, 64, bias=False), nn.Linear(32, 64, bias=False)  # one shape
+    model.c = nn.Linear(64, 32, bias=False)
+    timed = []
+
+    def compare(ours, theirs, args, iters, warmup=3):  # packed measured slower for (64, 32) only
+        timed.append(tuple(theirs.weight.shape))
+        return (2.0, 1.0) if theirs.weight.shape == (64, 32) else (1.0, 2.0)
+
+    monkeypatch.setattr(packed_linear, "compare_us", compare)
+    assert pack_linears(model) == 1
+    assert isinstance(model.a, nn.Linear) and isinstance(model.b, nn.Linear) and isinstance(model.c, PackedLinear)
+    assert sorted(set(timed)) == [(32, 64), (64, 32)] and len(timed) == 2 * len(packed_linear.TIMED_ROWS)
 
 
 def test_a_weight_tied_to_the_embedding_and_a_layer_that_disagrees_stay_plain(monkeypatch):
@@ -44,6 +65,7 @@ def test_a_weight_tied_to_the_embedding_and_a_layer_that_disagrees_stay_plain(mo
         return out + 1 if self.bias is model.proj.bias else out
 
     monkeypatch.setattr(PackedLinear, "forward", off_for_proj)
+    monkeypatch.setattr(packed_linear, "packing_pays", lambda linear, packed: True)
     assert pack_linears(model) == 1
     assert isinstance(model.head, nn.Linear) and isinstance(model.proj, nn.Linear)
     assert isinstance(model.other, PackedLinear)
