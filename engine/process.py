@@ -66,14 +66,33 @@ def start_ticks(pid: int) -> int | None:
     return int(fields[19])
 
 
+def die_with_parent(parent: int) -> None:
+    """End this process (SIGTERM) when the process that started it ends, even while it loads for minutes: a
+    member's engine core and API servers serve nobody without it. `parent` is the starter's pid as the starter
+    gave it (its os.getpid()), so a starter that died while this process imported is seen too. Linux only
+    (prctl); elsewhere a no-op."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
 class Child:
     """A supervised child process. `stop()` always reaps it: SIGTERM, then SIGKILL after `grace_s`."""
 
-    def __init__(self, name: str, argv: list[str], log_path: Path, env: dict[str, str] | None = None) -> None:
+    def __init__(self, name: str, argv: list[str], log_path: Path | None, env: dict[str, str] | None = None) -> None:
+        """`log_path` None: the child writes to this process's own stdout and stderr (a member's engine core)."""
         self.name, self.argv, self.log_path = name, argv, log_path
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._log = open(log_path, "ab")
-        self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        self._log = None
+        if log_path is not None:
+            log_path.parent.mkdir(parents=True, exist_ok=True)
+            self._log = open(log_path, "ab")
+        self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT if self._log else None,
+                                     stdin=subprocess.DEVNULL,
                                      env={**os.environ, **(env or {})}, start_new_session=True)
         self.started = time.monotonic()
         self.start_ticks = start_ticks(self.proc.pid) or 0
@@ -105,10 +124,13 @@ class Child:
                 pass
         self.kill(signal.SIGKILL)  # also reaps grandchildren left in the session
         code = self.proc.wait()
-        self._log.close()
+        if self._log is not None:
+            self._log.close()
         return code
 
     def log_tail(self, lines: int = 20) -> str:
+        if self.log_path is None:
+            return ""
         try:
             text = self.log_path.read_text(errors="replace")
         except OSError:

@@ -56,6 +56,11 @@ def add_commands(subparsers) -> None:
     p.add_argument("--faults", help="tests and drills only: a FaultConfig (engine/server/faults.py) as JSON or a JSON file path")
     p.add_argument("--standby", action="store_true",
                    help="start silent: load and warm up, release the KV cache, serve only after POST /admin/activate")
+    p.add_argument("--engine-core", choices=["thread", "process"], default="thread",
+                   help="thread (default): the engine steps on a thread of the API server's process; process: in a "
+                        "process of its own, apart from HTTP, tokenization and detokenization (colocated role)")
+    p.add_argument("--api-server-count", type=positive_int, default=1,
+                   help="API server processes sharing the port in front of one engine core (needs --engine-core process)")
     p.add_argument("--kernels", choices=KERNEL_MODES, default=None,
                    help="auto (default, or $TIDEFLOW_KERNELS): build and verify the compiled ops for these sources on "
                         "the first start, cached; cached: only a build already there; reference: torch's ops")
@@ -103,6 +108,8 @@ def serve(args: argparse.Namespace) -> int:
         from engine.server.encoder_app import serve_encoder
 
         return serve_encoder(args)
+    if args.engine_core == "process" or args.api_server_count > 1:
+        return serve_split(args)
     intraop.serial_process(args.threads)  # before any torch op: the engine thread alone runs parallel ops
     try:
         config = engine_config(args)
@@ -119,20 +126,90 @@ def serve(args: argparse.Namespace) -> int:
             engine = build_dep_engine(args.model, config, dep, metrics)
         else:
             engine = LLMEngine.from_dir(args.model, config, metrics)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        print(f"tideflow serve: --{'-'.join(str(p) for p in first['loc']).replace('_', '-')}: {first['msg']}", file=sys.stderr)
-        return 2
-    except WeightsError as exc:
-        print(f"tideflow serve: {exc}", file=sys.stderr)
-        return EXIT_WEIGHTS
-    except (TideflowError, OSError, ValueError) as exc:
-        print(f"tideflow serve: {exc}", file=sys.stderr)
-        return 1
+    except (ValidationError, WeightsError, TideflowError, OSError, ValueError) as exc:
+        return refused_start(exc)
     engine.on_failure = lambda why: exit_member(EXIT_ENGINE_FAILED, why)
     log.info("serving %s on http://%s:%d (%d KV blocks of %d tokens)", config.model_name, args.host, args.port,
              engine.allocator.num_blocks, config.block_size)
     app = create_app(engine, config.model_name, keys, transport=None if args.role == "colocated" else args.kv_transport,
                      faults=faults, standby=args.standby, host=args.host, max_body_bytes=args.max_body_bytes)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_keep_alive=MEMBER_KEEP_ALIVE_S)
+    return 0
+
+
+def refused_start(exc: Exception) -> int:
+    """Say why the member cannot start and give its exit status: 2 for a bad flag, EXIT_WEIGHTS for weights."""
+    from engine.weights import WeightsError
+
+    if isinstance(exc, ValidationError):
+        first = exc.errors()[0]
+        print(f"tideflow serve: --{'-'.join(str(p) for p in first['loc']).replace('_', '-')}: {first['msg']}",
+              file=sys.stderr)
+        return 2
+    print(f"tideflow serve: {exc}", file=sys.stderr)
+    return EXIT_WEIGHTS if isinstance(exc, WeightsError) else 1
+
+
+def split_refusal(args: argparse.Namespace) -> str | None:
+    """Why these flags cannot run with the engine core in a process of its own (None: they can)."""
+    if args.engine_core != "process":
+        return "--api-server-count above 1 needs --engine-core process"
+    if args.role != "colocated":
+        return f"--engine-core process serves the colocated role only, not --role {args.role}"
+    if args.dep_size > 1:
+        return "--engine-core process does not run DEP ranks; leave --dep-size out or use --engine-core thread"
+    if args.standby and args.api_server_count > 1:
+        return "--standby needs one API server (its switch lives in one process); drop --api-server-count"
+    return None
+
+
+def serve_split(args: argparse.Namespace) -> int:
+    """The engine core in a process of its own and `--api-server-count` API servers in front (engine/server/api_servers.py)."""
+    from engine.core.core_process import CoreSpec
+    from engine.server.api_servers import ApiServerSpec, ExtraApiServers, remove_socket_dir, serve_api
+    from engine.server.core_client import CoreClient, CoreGone, socket_dir, start_core
+    from engine.server.faults import FaultConfig
+    from engine.tokenizer import Tokenizer
+    from engine.weights import WeightsError, require_verified
+    from engine.weights.manifest import MANIFEST_NAME
+
+    refusal = split_refusal(args)
+    if refusal is not None:
+        print(f"tideflow serve: {refusal}", file=sys.stderr)
+        return 2
+    try:
+        config = engine_config(args)
+        if args.faults:
+            FaultConfig.parse(args.faults)  # a bad --faults is refused here, not by each API server
+        if args.require_verified or (Path(args.model) / MANIFEST_NAME).exists():
+            require_verified(args.model)
+        tokenizer = Tokenizer(args.model)
+    except (ValidationError, WeightsError, TideflowError, OSError, ValueError) as exc:
+        return refused_start(exc)
+    sockets = socket_dir()
+    core_spec = CoreSpec(model_dir=args.model, engine=config, input_address=f"ipc://{sockets}/core",
+                         threads=args.threads, kernels=args.kernels, metrics_group=args.metrics_group,
+                         metrics_version=args.metrics_version, role=args.role)
+    api_spec = ApiServerSpec(model_dir=args.model, model_name=config.model_name, input_address=core_spec.input_address,
+                             socket_dir=str(sockets), host=args.host, port=args.port, api_key_file=args.api_key_file,
+                             faults=args.faults, max_body_bytes=args.max_body_bytes, reuse_port=args.api_server_count > 1)
+    core = start_core(core_spec)
+    extras = None
+    try:
+        try:
+            client = CoreClient(core_spec.input_address, tokenizer, sockets, core)
+        except CoreGone as exc:
+            print(f"tideflow serve: {exc}", file=sys.stderr)
+            return EXIT_ENGINE_FAILED
+        client.on_failure = lambda why: exit_member(EXIT_ENGINE_FAILED, why)
+        log.info("serving %s on http://%s:%d: engine core pid %d, %d API server(s), %d KV blocks",
+                 config.model_name, args.host, args.port, core.pid, args.api_server_count, client.kv_blocks)
+        if args.api_server_count > 1:
+            extras = ExtraApiServers(api_spec, args.api_server_count)
+        serve_api(api_spec, client, warm_up=True, standby=args.standby)
+    finally:
+        if extras is not None:
+            extras.stop()
+        core.stop()
+        remove_socket_dir(sockets)
     return 0

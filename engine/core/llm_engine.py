@@ -75,7 +75,7 @@ class _Import:
 class _Request:
     seq: Sequence
     sink: Sink
-    text: RequestText
+    text: RequestText | None  # None when the API process makes the text (engine/core/core_process.py)
     imported: _Import | None = None
     spliced: SplicedPrompt | None = None  # a prompt with images: embeddings for the image positions
     first_token_at: float | None = None
@@ -84,10 +84,13 @@ class _Request:
 
 class LLMEngine:
     def __init__(self, model: MoEForCausalLM, tokenizer: Tokenizer, config: EngineConfig,
-                 metrics: ServingMetrics | None = None, runner=None) -> None:
+                 metrics: ServingMetrics | None = None, runner=None, make_text: bool = True) -> None:
         """`runner` replaces the ModelRunner (e.g. engine.parallel.serving.DEPRunner, sized by its owner);
-        a runner with `lockstep = True` is stepped every iteration: idle, the loop calls its `idle(wake)`."""
+        a runner with `lockstep = True` is stepped every iteration: idle, the loop calls its `idle(wake)`.
+        `make_text=False`: outputs carry token ids only, and stop strings are left to whoever makes the text
+        (an engine core in its own process: its API server detokenizes, engine/server/core_client.py)."""
         self.model, self.tokenizer, self.config = model, tokenizer, config
+        self.make_text = make_text
         self.metrics = metrics if metrics is not None else ServingMetrics()
         mc = model.config
         if runner is not None:
@@ -123,9 +126,27 @@ class LLMEngine:
         self._seen_prefix = (0, 0)
 
     @classmethod
-    def from_dir(cls, model_dir: str | Path, config: EngineConfig, metrics: ServingMetrics | None = None) -> "LLMEngine":
+    def from_dir(cls, model_dir: str | Path, config: EngineConfig, metrics: ServingMetrics | None = None,
+                 make_text: bool = True) -> "LLMEngine":
         model = load_model(model_dir, config.dtype, config.device)
-        return cls(model, Tokenizer(model_dir), config, metrics)
+        return cls(model, Tokenizer(model_dir), config, metrics, make_text=make_text)
+
+    # ---- what the HTTP front reads (engine/server/core_client.py answers the same) ---------------
+    @property
+    def vocab_size(self) -> int:
+        return self.model.config.vocab_size
+
+    @property
+    def kv_blocks(self) -> int:
+        """KV blocks allocated now (0 while a standby engine has released its cache)."""
+        return self.runner.num_blocks
+
+    def render_metrics(self) -> tuple[bytes, str]:
+        """The Prometheus exposition of this engine's metrics, and its content type."""
+        return self.metrics.render()
+
+    def count_http_error(self, status: int) -> None:
+        self.metrics.requests.labels(f"http_{status}").inc()
 
     # ---- lifecycle -------------------------------------------------------------------------
     def start(self) -> None:
@@ -148,19 +169,7 @@ class LLMEngine:
 
     # ---- submission (any thread) -------------------------------------------------------------
     def check(self, prompt_tokens: list[int], params: SamplingParams, resume: Resume | None = None) -> None:
-        """Raise PromptTooLong if the request cannot fit the context or the KV cache, or (resumed) if
-        nothing is left to generate."""
-        if not prompt_tokens:
-            raise PromptTooLong("the prompt is empty")
-        total = len(prompt_tokens) + params.max_tokens
-        if total > self.max_model_len:
-            raise PromptTooLong(
-                f"prompt ({len(prompt_tokens)} tokens) + max_tokens ({params.max_tokens}) = {total} exceeds "
-                f"the model's context of {self.max_model_len} tokens; shorten the prompt or lower max_tokens"
-            )
-        if resume is not None and len(resume.output_token_ids) >= params.max_tokens:
-            raise PromptTooLong(f"the resumed request already holds {len(resume.output_token_ids)} of its "
-                                f"{params.max_tokens} tokens: nothing is left to generate")
+        check_request(prompt_tokens, params, self.max_model_len, resume)
 
     def submit(self, prompt_tokens: list[int], params: SamplingParams, sink: Sink, request_id: str | None = None,
                handoff: Handoff | None = None, images: SplicedPrompt | None = None, resume: Resume | None = None) -> str:
@@ -197,7 +206,9 @@ class LLMEngine:
         streamed = None if resume is None else list(resume.output_token_ids)
         if streamed:
             seq.output_tokens = list(streamed)
-        text = RequestText(self.tokenizer, seq.params.stop, streamed, 0 if resume is None else resume.sent_chars)
+        text = None
+        if self.make_text:
+            text = RequestText(self.tokenizer, seq.params.stop, streamed, 0 if resume is None else resume.sent_chars)
         return _Request(seq, sink, text, spliced=images)
 
     def _enqueue(self, req: _Request) -> str:
@@ -468,11 +479,12 @@ class LLMEngine:
         else:
             m.itl.observe(now - req.last_token_at)
         req.last_token_at = now
-        reason = finish_reason(tok, len(seq.output_tokens), req.text.push(tok), seq.params, self.eos_ids)
+        text = req.text
+        reason = finish_reason(tok, len(seq.output_tokens), text is not None and text.push(tok), seq.params, self.eos_ids)
         if reason is None:
-            req.sink(self._output(req, [tok], req.text.delta(), None))
+            req.sink(self._output(req, [tok], "" if text is None else text.delta(), None))
             return
-        final = req.text.rest(seq.output_tokens)
+        final = "" if text is None else text.rest(seq.output_tokens)
         new = [] if (not seq.params.ignore_eos and tok in self.eos_ids) else [tok]
         if not new:
             seq.output_tokens.pop()
@@ -518,6 +530,23 @@ class LLMEngine:
                       "queued_prefill_tokens": sum(s.num_uncomputed for s in self.scheduler.waiting)}
         m.kv_used.set(self.allocator.num_used)
         m.kv_free.set(self.allocator.num_free)
+
+
+def check_request(prompt_tokens: list[int], params: SamplingParams, max_model_len: int,
+                  resume: Resume | None = None) -> None:
+    """Raise PromptTooLong if the request cannot fit the context or the KV cache, or (resumed) if nothing is left
+    to generate."""
+    if not prompt_tokens:
+        raise PromptTooLong("the prompt is empty")
+    total = len(prompt_tokens) + params.max_tokens
+    if total > max_model_len:
+        raise PromptTooLong(
+            f"prompt ({len(prompt_tokens)} tokens) + max_tokens ({params.max_tokens}) = {total} exceeds "
+            f"the model's context of {max_model_len} tokens; shorten the prompt or lower max_tokens"
+        )
+    if resume is not None and len(resume.output_token_ids) >= params.max_tokens:
+        raise PromptTooLong(f"the resumed request already holds {len(resume.output_token_ids)} of its "
+                            f"{params.max_tokens} tokens: nothing is left to generate")
 
 
 def _slice(seq: Sequence, start: int, n: int) -> list[int]:

@@ -48,7 +48,7 @@ class RequestStream:
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
-        self.queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
+        self.queue: asyncio.Queue[RequestOutput | Exception] = asyncio.Queue()
         self.request_id = ""
 
     def put(self, out: RequestOutput) -> None:
@@ -57,6 +57,8 @@ class RequestStream:
     async def __aiter__(self):
         while True:
             out = await self.queue.get()
+            if isinstance(out, Exception):  # refused after submission (an engine core in its own process)
+                raise out
             yield out
             if out.finished:
                 return

@@ -43,6 +43,11 @@ def serve_argv(group: InferenceGroup, spec: RoleSpec, *, model: str, host: str, 
         args += ["--dep-rank", str(rank), "--dep-size", str(spec.members_per_instance), "--dist-addr", dist_addr]
     if e.faults is not None:
         args += ["--faults", e.faults.model_dump_json()]
+    if e.engine_core != "thread":
+        args += ["--engine-core", e.engine_core, "--api-server-count", str(e.api_server_count)]
     if standby:
+        if e.api_server_count > 1:
+            raise ValueError(f"role {spec.role} runs {e.api_server_count} API servers per member: a standby member "
+                             "needs one (its serving switch lives in one process)")
         args.append("--standby")
     return args

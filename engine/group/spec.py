@@ -107,6 +107,11 @@ class EngineArgs(EngineKnobs):
 
     faults: FaultConfig | None = Field(None, description="drills only: faults every member injects (errors, slow tokens), "
                                                          "e.g. to rehearse a canary rollback")
+    engine_core: Literal["thread", "process"] = Field(
+        "thread", description="thread: the engine steps in the API server's process; process: in a process of its own "
+                              "(`serve --engine-core process`; colocated DEP1 roles)")
+    api_server_count: int = Field(1, ge=1, le=16, description="API server processes in front of an engine core in a "
+                                                              "process of its own (`serve --api-server-count`)")
 
 
 MAX_INSTANCES = 256  # a bound a cluster would accept; larger fleets are several groups
@@ -139,6 +144,16 @@ class RoleSpec(BaseModel):
                              f"the dense layers); use DEP{n} (experts sharded over {n} members, attention per member) "
                              "or TP1")
         return value
+
+    @model_validator(mode="after")
+    def _engine_core(self) -> "RoleSpec":
+        e = self.engine
+        if e.api_server_count > 1 and e.engine_core != "process":
+            raise ValueError("engine.api_server_count above 1 needs engine.engine_core: process")
+        if e.engine_core == "process" and (self.role != "colocated" or self.members_per_instance > 1):
+            raise ValueError(f"engine.engine_core: process serves colocated DEP1 roles only, not {self.role} "
+                             f"{self.parallel}")
+        return self
 
     @property
     def strategy(self) -> Literal["DEP", "TP"]:

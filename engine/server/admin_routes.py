@@ -40,6 +40,6 @@ def admin_routes(switch: ServingSwitch) -> APIRouter:
     @router.get("/state")
     async def state() -> StateResponse:
         engine = switch.engine
-        return StateResponse(state=switch.state.value, kv_blocks=engine.runner.num_blocks, open_requests=engine.num_open)
+        return StateResponse(state=switch.state.value, kv_blocks=engine.kv_blocks, open_requests=engine.num_open)
 
     return router

@@ -60,7 +60,7 @@ def create_app(engine: LLMEngine, model_name: str, api_keys: list[str] | None = 
     app = FastAPI(title="tideflow engine", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
     publish_openapi(app, auth)
-    install_error_handlers(app, on_error=lambda status: engine.metrics.requests.labels(f"http_{status}").inc())
+    install_error_handlers(app, on_error=engine.count_http_error)
 
     @app.get("/health")
     async def health() -> dict:
@@ -88,7 +88,7 @@ def create_app(engine: LLMEngine, model_name: str, api_keys: list[str] | None = 
 
     @open_routes.get("/metrics")
     async def metrics() -> Response:
-        body, content_type = engine.metrics.render()
+        body, content_type = await asyncio.to_thread(engine.render_metrics)  # a core in its own process: a round trip
         return Response(body, media_type=content_type)
 
     @served.get("/v1/models")
@@ -150,7 +150,7 @@ def create_app(engine: LLMEngine, model_name: str, api_keys: list[str] | None = 
         """A request whose worker failed mid-stream, continued here (the router migrates it)."""
         parsed = parse_body(body.api, body.request)
         check_model(parsed.model, model_name)
-        check_token_ids(body.prompt_token_ids + body.resume.output_token_ids, engine.model.config.vocab_size)
+        check_token_ids(body.prompt_token_ids + body.resume.output_token_ids, engine.vocab_size)
         params = params_for(parsed, len(body.prompt_token_ids), engine.max_model_len)
         faults.check()
         stream = faults.slow(engine.stream(body.prompt_token_ids, params, resume=body.resume))

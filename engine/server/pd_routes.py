@@ -47,7 +47,7 @@ def pd_routes(engine: LLMEngine, model_name: str, transport: TransportKind, resp
     async def prefill(body: PrefillRequest) -> HandoffResult:
         parsed = parse_body("chat/completions" if "messages" in body.request else "completions", body.request)
         check_model(parsed.model, model_name)
-        check_token_ids(body.prompt_token_ids + _resumed(body), engine.model.config.vocab_size)
+        check_token_ids(body.prompt_token_ids + _resumed(body), engine.vocab_size)
         params = params_for(parsed, len(body.prompt_token_ids), engine.max_model_len)
         handoff = Handoff(sender, new_transfer_id())
         stream = engine.stream(body.prompt_token_ids, params, handoff=handoff, images=spliced(body), resume=body.resume)
@@ -62,7 +62,7 @@ def pd_routes(engine: LLMEngine, model_name: str, transport: TransportKind, resp
     async def decode(body: DecodeRequest, request: Request):
         parsed = parse_body(body.api, body.request)
         check_model(parsed.model, model_name)
-        check_token_ids(body.prompt_token_ids + _resumed(body), engine.model.config.vocab_size)
+        check_token_ids(body.prompt_token_ids + _resumed(body), engine.vocab_size)
         params = params_for(parsed, len(body.prompt_token_ids), engine.max_model_len)
         images = spliced(body)
         started = time.monotonic()

@@ -51,7 +51,7 @@ def prepare(engine, model_name: str, body: Body) -> tuple[list[int], SamplingPar
     """Prompt token ids and sampling params of a request to `engine` (an LLMEngine)."""
     check_model(body.model, model_name)
     prompt = prompt_ids(engine.tokenizer, body)
-    check_token_ids(prompt, engine.model.config.vocab_size)
+    check_token_ids(prompt, engine.vocab_size)
     return prompt, params_for(body, len(prompt), engine.max_model_len)
 
 

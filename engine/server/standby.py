@@ -50,7 +50,7 @@ class ServingSwitch:
 
     def __init__(self, engine: LLMEngine) -> None:
         self.engine = engine
-        self.kv_blocks = engine.runner.num_blocks  # the full budget, remembered across releases
+        self.kv_blocks = engine.kv_blocks  # the full budget, remembered across releases
         self.state = InstanceState.LOADING
         self._lock = asyncio.Lock()
 
@@ -109,7 +109,7 @@ class ServingSwitch:
             return report
 
     def _report(self, t0: float) -> SwitchReport:
-        return SwitchReport(state=self.state, seconds=time.perf_counter() - t0, kv_blocks=self.engine.runner.num_blocks)
+        return SwitchReport(state=self.state, seconds=time.perf_counter() - t0, kv_blocks=self.engine.kv_blocks)
 
 
 def _wait_idle(engine: LLMEngine, timeout_s: float) -> None:

@@ -201,3 +201,20 @@ def test_a_member_is_started_with_the_group_s_shuttle_rule(lone_ms):
     parser = argparse.ArgumentParser()
     add_commands(parser.add_subparsers())
     assert engine_config(parser.parse_args(argv)).lone_arrival_ms == (20.0 if lone_ms is None else lone_ms)
+
+
+def test_a_role_may_run_its_engine_core_apart_where_it_can():
+    group = InferenceGroup.model_validate(pd(roles=[{"role": "colocated",
+                                                     "engine": {"engine_core": "process", "api_server_count": 2}}]))
+    argv = serve_argv(group, group.role("colocated"), model="/m", host="127.0.0.1", port=1, served_name="m")
+    parser = argparse.ArgumentParser()
+    add_commands(parser.add_subparsers())
+    args = parser.parse_args(argv)
+    assert (args.engine_core, args.api_server_count) == ("process", 2)
+    with pytest.raises(ValueError, match="needs one"):
+        serve_argv(group, group.role("colocated"), model="/m", host="127.0.0.1", port=1, served_name="m", standby=True)
+    with pytest.raises(ValidationError, match="colocated DEP1 roles only"):
+        InferenceGroup.model_validate(pd(roles=[{"role": "colocated", "parallel": "DEP2",
+                                                 "engine": {"engine_core": "process"}}]))
+    with pytest.raises(ValidationError, match="needs engine.engine_core"):
+        InferenceGroup.model_validate(pd(roles=[{"role": "colocated", "engine": {"api_server_count": 2}}]))
