@@ -261,12 +261,10 @@ class CoreClient:
                 if msg.error is None:
                     done.set_result(msg.value)
                 else:
-                    error = EngineError(msg.error)
-                    error.status = msg.status or 500
-                    done.set_exception(error)
+                    done.set_exception(_refusal(msg.error, msg.status))
 
     def _deliver(self, outputs: list[m.Output]) -> None:
-        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[RequestStream, RequestOutput | Exception]]] = {}
+        items: list[tuple[RequestStream, RequestOutput | Exception]] = []
         stopped: list[str] = []
         for out in outputs:
             opened = self._open.get(out.request_id)
@@ -274,37 +272,25 @@ class CoreClient:
                 continue
             if out.status:
                 self._open.pop(out.request_id, None)
-                refused = (QueueFull if out.status == 429 else PromptTooLong if out.status == 400 else EngineError)(out.error)
-                by_loop.setdefault(opened.stream.loop, []).append((opened.stream, refused))
+                items.append((opened.stream, _refusal(out.error, out.status)))
                 continue
             made, stop_here = opened.take(out)
             if made.finished:
                 self._open.pop(out.request_id, None)
             if stop_here:
                 stopped.append(out.request_id)
-            by_loop.setdefault(opened.stream.loop, []).append((opened.stream, made))
+            items.append((opened.stream, made))
         if stopped:
             self._send(m.Abort(stopped))
-        for loop, items in by_loop.items():
-            try:
-                loop.call_soon_threadsafe(_put_all, items)
-            except RuntimeError:  # that loop is closed: nobody reads those streams any more
-                pass
+        _hand_over(items)
 
     def _fail_all(self, why: str) -> None:
         self.failure = why
         self._core_ready = False
         log.error("%s: ending %d open requests", why, len(self._open))
         opened, self._open = list(self._open.items()), {}
-        by_loop: dict[asyncio.AbstractEventLoop, list] = {}
-        for request_id, o in opened:
-            out = RequestOutput(request_id, [], "", "error", 0, len(o.tokens), 0, why)
-            by_loop.setdefault(o.stream.loop, []).append((o.stream, out))
-        for loop, items in by_loop.items():
-            try:
-                loop.call_soon_threadsafe(_put_all, items)
-            except RuntimeError:
-                pass
+        _hand_over([(o.stream, RequestOutput(request_id, [], "", "error", 0, len(o.tokens), 0, why))
+                    for request_id, o in opened])
         for done in list(self._calls.values()):
             if not done.done():
                 done.set_exception(CoreGone(why))
@@ -312,9 +298,29 @@ class CoreClient:
             self.on_failure(why)
 
 
+def _hand_over(items: list[tuple[RequestStream, RequestOutput | Exception]]) -> None:
+    """Give each stream its outputs on its own event loop: one call per loop, whatever the number of streams."""
+    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[RequestStream, RequestOutput | Exception]]] = {}
+    for stream, out in items:
+        by_loop.setdefault(stream.loop, []).append((stream, out))
+    for loop, batch in by_loop.items():
+        try:
+            loop.call_soon_threadsafe(_put_all, batch)
+        except RuntimeError:  # that loop is closed: nobody reads those streams any more
+            pass
+
+
 def _put_all(items: list[tuple[RequestStream, RequestOutput | Exception]]) -> None:
     for stream, out in items:
         stream.queue.put_nowait(out)
+
+
+def _refusal(message: str | None, status: int) -> EngineError:
+    """The core's refusal as the error the routes answer: 429 queue full, 400 too long, else its status (500)."""
+    kind = {429: QueueFull, 400: PromptTooLong}.get(status, EngineError)
+    error = kind(message or "the engine core refused the request")
+    error.status = status or 500
+    return error
 
 
 def start_core(spec: CoreSpec, log_path: Path | None = None) -> Child:
