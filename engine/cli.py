@@ -48,6 +48,7 @@ def _init(args: argparse.Namespace) -> int:
 def _generate(args: argparse.Namespace) -> int:
     from engine.generate import GenerationStats, generate
     from engine.model import load_model
+    from engine.model.loader import read_config
     from engine.device import resolve_device
     from tideflow_kernels.startup import arch_for, startup_ops
     from engine.core.sampling import SamplingParams
@@ -58,9 +59,10 @@ def _generate(args: argparse.Namespace) -> int:
         _init(argparse.Namespace(dir=model_dir, seed=0, tiny=False, dtype=args.dtype or "float32"))
     t0 = time.perf_counter()
     device = resolve_device(args.device)
+    read_config(model_dir, args.dtype)  # a wrong directory is one line now, not after a kernel build
+    tok = Tokenizer(model_dir)
     compiled = startup_ops(arch_for(device), args.kernels)
     model = load_model(model_dir, args.dtype, device)
-    tok = Tokenizer(model_dir)
     load_s = time.perf_counter() - t0
     prompts = args.prompt or ["The release pipeline compiles the kernels, publishes the weights and"]
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,

@@ -37,6 +37,8 @@ def add_commands(subparsers) -> None:
                    help="an arrival with no other in the last this many ms skips the window (0: every window waits)")
     p.add_argument("--max-queue", type=int)
     p.add_argument("--no-prefix-cache", action="store_true", help="do not reuse KV blocks of shared prompt prefixes")
+    p.add_argument("--scheduling", choices=["fair", "fcfs"],
+                   help="fair (default): clients (API keys) share steps, slots and KV by tokens served; fcfs: arrival order")
     p.add_argument("--max-body-bytes", type=int, default=8 << 20, help="largest request body accepted (413 above)")
     p.add_argument("--dtype", choices=["float32", "bfloat16"])
     p.add_argument("--threads", type=positive_int, default=None,
@@ -72,7 +74,7 @@ def engine_config(args: argparse.Namespace):
     from engine.core.engine_config import EngineConfig
 
     names = ("max_num_seqs", "max_batch_tokens", "kv_cache_bytes", "kv_cache_fraction", "block_size", "max_wait_ms",
-             "lone_arrival_ms", "max_queue", "dtype", "device")
+             "lone_arrival_ms", "max_queue", "scheduling", "dtype", "device")
     given = {n: getattr(args, n) for n in names if getattr(args, n) is not None}
     if args.no_prefix_cache:
         given["enable_prefix_cache"] = False
@@ -91,6 +93,8 @@ def serve(args: argparse.Namespace) -> int:
     from engine.weights.manifest import MANIFEST_NAME
     from engine import intraop
     from engine.device import resolve_device
+    from engine.model.loader import read_config
+    from engine.tokenizer import Tokenizer
     from tideflow_kernels.startup import arch_for, startup_ops
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -117,6 +121,8 @@ def serve(args: argparse.Namespace) -> int:
         faults = FaultInjector(FaultConfig.parse(args.faults)) if args.faults else None
         if args.require_verified or (Path(args.model) / MANIFEST_NAME).exists():
             require_verified(args.model)
+        read_config(args.model, config.dtype)  # a wrong checkpoint is refused before the kernel build, not after
+        Tokenizer(args.model)
         startup_ops(arch_for(resolve_device(config.device)), args.kernels)
         metrics = ServingMetrics(MetricFactory(group=args.metrics_group, version=args.metrics_version, role=args.role))
         dep = dep_serve_config(args)

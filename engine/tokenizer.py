@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from typing import Annotated, Literal
@@ -12,6 +13,10 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from tokenizers import Tokenizer as HFTokenizer
 
 from engine.errors import CheckpointError
+
+# One prompt per call gains nothing from the library's thread pool, which would take cores the engine is pinned to,
+# and a process that forks after using it gets a warning and loses it anyway (set it to override).
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 # ChatML: the template used when a checkpoint ships none.
 DEFAULT_CHAT_TEMPLATE = (
@@ -82,12 +87,24 @@ class Tokenizer:
         path = Path(model_dir) / "tokenizer.json"
         if not path.is_file():
             raise CheckpointError(f"{model_dir} has no tokenizer.json")
-        self._tok = HFTokenizer.from_file(str(path))
+        try:
+            self._tok = HFTokenizer.from_file(str(path))
+        except Exception as exc:  # tokenizers raises its own Exception subclass, with a multi-line message
+            raise CheckpointError(f"{path} is not a tokenizer the tokenizers library reads: "
+                                  f"{' '.join(str(exc).split())[:200]}") from None
         cfg_path = Path(model_dir) / "tokenizer_config.json"
-        cfg = json.loads(cfg_path.read_text()) if cfg_path.is_file() else {}
+        try:
+            cfg = json.loads(cfg_path.read_text()) if cfg_path.is_file() else {}
+        except (ValueError, OSError) as exc:
+            raise CheckpointError(f"{cfg_path} is not readable JSON: {exc}") from None
+        if not isinstance(cfg, dict):
+            raise CheckpointError(f"{cfg_path} must hold a JSON object, not {type(cfg).__name__}")
         template = cfg.get("chat_template") or DEFAULT_CHAT_TEMPLATE
         env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-        self._template = env.from_string(template)
+        try:
+            self._template = env.from_string(template)
+        except jinja2.TemplateError as exc:
+            raise CheckpointError(f"{cfg_path}: chat_template does not parse: {exc}") from None
         self._special = {"bos_token": cfg.get("bos_token", ""), "eos_token": cfg.get("eos_token", "")}
         eos = cfg.get("eos_token")
         eos_id = self._tok.token_to_id(eos) if isinstance(eos, str) else None
@@ -97,12 +114,20 @@ class Tokenizer:
     def vocab_size(self) -> int:
         return self._tok.get_vocab_size()
 
+    @property
+    def longest_token_chars(self) -> int:
+        """Characters of the longest vocabulary entry (byte-level entries: one per byte, so never fewer than the
+        text a token stands for): a prompt of n characters is at least n / this many tokens."""
+        return max((len(entry) for entry in self._tok.get_vocab(with_added_tokens=True)), default=1)
+
     def token_id(self, token: str) -> int | None:
         """The id of one vocabulary entry (e.g. a special token), None when absent."""
         return self._tok.token_to_id(token)
 
     def encode(self, text: str) -> list[int]:
-        return self._tok.encode(text, add_special_tokens=False).ids
+        # encode_batch lets go of the GIL while it works (encode holds it: 1.9 s for a 750 KB prompt, which froze
+        # the event loop of the process whatever thread it ran on)
+        return self._tok.encode_batch([text], add_special_tokens=False)[0].ids
 
     def decode(self, ids: list[int]) -> str:
         return self._tok.decode(ids, skip_special_tokens=True)

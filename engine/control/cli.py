@@ -186,6 +186,10 @@ def group_apply(args: argparse.Namespace) -> int:
         if args.wait_s:
             view = client.wait_for(spec.name, {GroupState.READY, GroupState.STANDBY, GroupState.FAILED}, args.wait_s)
     print(json.dumps({"name": view.name, "version": view.version, "state": view.state.value, "weight": view.weight}))
+    if args.wait_s and view.state not in (GroupState.READY, GroupState.STANDBY):
+        waited = "" if view.state == GroupState.FAILED else f" after {args.wait_s:g}s"
+        print(f"error: group {view.name} is {view.state.value}{waited}: {view.message}", file=sys.stderr)
+        return 1
     return 0 if view.state != GroupState.FAILED else 1
 
 

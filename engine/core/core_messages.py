@@ -28,6 +28,7 @@ class Add(msgspec.Struct, tag="add"):
     prompt_token_ids: list[int]
     params: dict[str, Any]
     resume: dict[str, Any] | None = None
+    client: str = ""  # who asked: the scheduler shares the engine between clients
 
 
 class Abort(msgspec.Struct, tag="abort"):

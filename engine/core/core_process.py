@@ -152,7 +152,7 @@ class EngineCore:
             with self.lock:
                 self.owner[msg.request_id] = client
             self.engine.submit(msg.prompt_token_ids, params, lambda out: self.outbox.put((client, out)),
-                               msg.request_id, resume=resume)
+                               msg.request_id, resume=resume, client=msg.client)
         except Exception as exc:  # refused: answered to its sender alone
             with self.lock:
                 self.owner.pop(msg.request_id, None)

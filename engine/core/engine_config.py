@@ -32,6 +32,10 @@ class EngineKnobs(BaseModel):
     )
     max_queue: int = Field(256, ge=0, description="requests allowed to wait for admission; beyond it requests get 429")
     enable_prefix_cache: bool = Field(True, description="reuse KV blocks of shared prompt prefixes")
+    scheduling: Literal["fair", "fcfs"] = Field(
+        "fair", description="fair: steps, running slots and KV blocks are shared between clients (API keys) by tokens "
+                            "served, so one client's flood costs another a step, not its queue; fcfs: first come, "
+                            "first served")
 
     @field_validator("block_size")
     @classmethod

@@ -104,7 +104,8 @@ class LLMEngine:
         self.lockstep = bool(getattr(self.runner, "lockstep", False))
         self.allocator = BlockAllocator(num_blocks, config.block_size, config.enable_prefix_cache)
         self.scheduler = Scheduler(self.allocator, config.max_num_seqs, config.max_batch_tokens, config.max_wait_ms / 1000,
-                                   config.lone_arrival_ms / 1000 if config.lone_arrival_ms else None)
+                                   config.lone_arrival_ms / 1000 if config.lone_arrival_ms else None,
+                                   fair=config.scheduling == "fair")
         self.eos_ids = tuple(set(mc.eos_ids) | set(tokenizer.eos_ids))
         self.max_model_len = min(mc.context_length, num_blocks * config.block_size)
         self.ready = False
@@ -172,26 +173,28 @@ class LLMEngine:
         check_request(prompt_tokens, params, self.max_model_len, resume)
 
     def submit(self, prompt_tokens: list[int], params: SamplingParams, sink: Sink, request_id: str | None = None,
-               handoff: Handoff | None = None, images: SplicedPrompt | None = None, resume: Resume | None = None) -> str:
+               handoff: Handoff | None = None, images: SplicedPrompt | None = None, resume: Resume | None = None,
+               client: str = "") -> str:
         """Queue a request. With `handoff`, the engine stops after the first token and exports the
         prompt's KV for a decode worker (the prefill role). `images` carries the embeddings of a
         prompt with images (engine.encoder.prompt.spliced_prompt of the same token ids). `resume`
-        continues a request another worker streamed part of (its tokens are recomputed, not resent)."""
+        continues a request another worker streamed part of (its tokens are recomputed, not resent). `client` names
+        who asked (engine.server.auth.client_id): the scheduler shares the engine between clients."""
         self.check(prompt_tokens, params, resume)
         request_id = request_id or f"req-{next(self._ids)}"
-        seq = Sequence(request_id, list(prompt_tokens), params, _seed(params, resume), handoff=handoff)
+        seq = Sequence(request_id, list(prompt_tokens), params, _seed(params, resume), handoff=handoff, client=client)
         return self._enqueue(self._new_request(seq, sink, images, resume))
 
     def submit_prefilled(self, prompt_tokens: list[int], params: SamplingParams, prefilled: HandoffResult,
                          kv: memoryview, on_imported: Callable[[], None], sink: Sink, request_id: str | None = None,
-                         images: SplicedPrompt | None = None, resume: Resume | None = None) -> str:
+                         images: SplicedPrompt | None = None, resume: Resume | None = None, client: str = "") -> str:
         """Continue a sequence another engine prefilled (the decode role): its KV bytes are
         imported into fresh blocks and generation resumes from the first token. `images` keeps a
         recompute after preemption (and the prefix cache's block names) right for prompts with images.
         With `resume`, the prefill covered prompt + the resumed tokens, and so does the KV."""
         self.check(prompt_tokens, params, resume)
         request_id = request_id or f"req-{next(self._ids)}"
-        seq = Sequence(request_id, list(prompt_tokens), params, prefilled.seed)
+        seq = Sequence(request_id, list(prompt_tokens), params, prefilled.seed, client=client)
         seq.num_cached_prompt = prefilled.num_cached_tokens
         req = self._new_request(seq, sink, images, resume)
         req.imported = _Import(prefilled.first_token, kv, on_imported)
@@ -223,18 +226,19 @@ class LLMEngine:
 
     def stream(self, prompt_tokens: list[int], params: SamplingParams, request_id: str | None = None,
                handoff: Handoff | None = None, images: SplicedPrompt | None = None,
-               resume: Resume | None = None) -> RequestStream:
+               resume: Resume | None = None, client: str = "") -> RequestStream:
         """Submit from a coroutine; iterate the returned stream with `async for`."""
         stream = RequestStream(asyncio.get_running_loop())
-        stream.request_id = self.submit(prompt_tokens, params, stream.put, request_id, handoff, images, resume)
+        stream.request_id = self.submit(prompt_tokens, params, stream.put, request_id, handoff, images, resume, client)
         return stream
 
     def stream_prefilled(self, prompt_tokens: list[int], params: SamplingParams, prefilled: HandoffResult,
                          kv: memoryview, on_imported: Callable[[], None],
-                         images: SplicedPrompt | None = None, resume: Resume | None = None) -> RequestStream:
+                         images: SplicedPrompt | None = None, resume: Resume | None = None,
+                         client: str = "") -> RequestStream:
         stream = RequestStream(asyncio.get_running_loop())
         stream.request_id = self.submit_prefilled(prompt_tokens, params, prefilled, kv, on_imported, stream.put,
-                                                  images=images, resume=resume)
+                                                  images=images, resume=resume, client=client)
         return stream
 
     def abort(self, request_id: str) -> None:

@@ -9,7 +9,7 @@ Arrivals reach the queue through the shuttle window.
 
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass
 
 from pydantic import BaseModel, Field
@@ -44,20 +44,72 @@ class StepPlan:
     preempted: int
 
 
+RECENT_S = 5.0  # a client that had work this recently still counts when a step's prefill is shared
+
+
+class _Step:
+    """The batch being planned: what is in it, what budget is left, what was preempted."""
+
+    def __init__(self, budget: int, share: int) -> None:
+        self.budget = budget
+        self.share = share  # most prefill tokens one client may take in this step
+        self.prefill: dict[str, int] = {}  # client -> prefill tokens taken in this step
+        self.batch: list[ScheduledSeq] = []
+        self.chosen: set[Sequence] = set()
+        self.evicted: set[Sequence] = set()
+        self.preempted = 0
+        self.admitted = False
+
+    def room(self, client: str) -> int:
+        """Prefill tokens `client` may still take in this step."""
+        return min(self.budget, self.share - self.prefill.get(client, 0))
+
+    def take(self, seq: Sequence, n: int, scheduler: "Scheduler") -> None:
+        self.batch.append(ScheduledSeq(seq, n))
+        self.chosen.add(seq)
+        self.budget -= n
+        client = scheduler.client_of(seq)
+        scheduler.served[client] = scheduler.served.get(client, 0) + n
+        if seq.num_uncomputed > 1:  # a prefill chunk (a decode token is 1 of 1)
+            self.prefill[client] = self.prefill.get(client, 0) + n
+
+    def drop(self, seq: Sequence, scheduler: "Scheduler") -> None:
+        """A preempted sequence leaves the batch and gives its budget (and its client's count) back."""
+        self.evicted.add(seq)
+        self.preempted += 1
+        if seq in self.chosen:
+            item = next(i for i in self.batch if i.seq is seq)
+            self.batch.remove(item)
+            self.chosen.discard(seq)
+            self.budget += item.num_new
+            scheduler.served[scheduler.client_of(seq)] -= item.num_new
+
+
 class Scheduler:
-    """Single-threaded: the engine loop is its only caller."""
+    """Single-threaded: the engine loop is its only caller.
+
+    With `fair` (the default), the step's prefill budget, the running slots and the KV blocks are shared between
+    clients (Sequence.client) by start-time fair queuing over computed tokens: each client's count of tokens
+    computed for it, a newcomer starting at the least count of the clients already active (no credit for time
+    away), and the next prefill chunk goes to the client with the least count. One client's 12 prompts of 3,000
+    tokens then cost another client's short prompt one step, not the 36,000 tokens queued before it. Within a
+    client the order stays first come, first served. Without `fair` every request is one client: plain FCFS.
+    """
 
     def __init__(
         self, allocator: BlockAllocator, max_num_seqs: int, max_batch_tokens: int, max_wait_s: float,
-        lone_after_s: float | None = None,
+        lone_after_s: float | None = None, fair: bool = True,
     ) -> None:
         self.allocator = allocator
         self.max_num_seqs = max_num_seqs
         self.max_batch_tokens = max_batch_tokens
+        self.fair = fair
         self.shuttle = ShuttleWindow(max_wait_s, max_batch_tokens, max_num_seqs, lone_after_s)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # oldest arrival first
         self.prefix_stats = PrefixStats()
+        self.served: dict[str, int] = {}  # client -> tokens computed for it (virtual time), active clients only
+        self.seen: dict[str, float] = {}  # client -> when it last had work (clients of the last RECENT_S)
 
     @property
     def num_queued(self) -> int:
@@ -75,48 +127,143 @@ class Scheduler:
         """When an idle engine must look again: the shuttle's closing time."""
         return self.shuttle.closes_at
 
+    def client_of(self, seq: Sequence) -> str:
+        return seq.client if self.fair else ""
+
     def schedule(self, now: float) -> StepPlan:
         departed = 0
         if self.shuttle.due(now):
             arrivals = self.shuttle.depart()
             departed = len(arrivals)
             self.waiting.extend(arrivals)
-        budget = self.max_batch_tokens
-        batch: list[ScheduledSeq] = []
-        preempted = 0
+        self._activate(now)
+        # With other clients about (running, queued, or between two of their requests), no client's prefill may take
+        # more than its share of a step: a step is the wait of everyone's next token, and a 2,048-token chunk is
+        # a second on 2 CPU cores.
+        step = _Step(self.max_batch_tokens, self.max_batch_tokens // max(1, len(self.seen)))
+        # 1. every decoding sequence computes its one token, oldest first (blocks permitting)
         i = 0
-        while i < len(self.running) and budget > 0:
+        while i < len(self.running) and step.budget > 0:
             seq = self.running[i]
-            n = min(seq.num_uncomputed, budget)
-            try:
-                self.allocator.reserve(seq, seq.num_computed + n)
-            except OutOfBlocks:
-                self._preempt(self.running[-1])  # newest arrival; the ones before i are in the batch
-                preempted += 1
+            if seq.num_uncomputed != 1 or seq in step.chosen:
+                i += 1
                 continue
-            batch.append(ScheduledSeq(seq, n))
-            budget -= n
+            try:
+                self.allocator.reserve(seq, seq.num_computed + 1)
+            except OutOfBlocks:
+                self._preempt_for(step)
+                i = 0  # running shrank, maybe before i: look again (what is taken already is skipped)
+                continue
+            step.take(seq, 1, self)
             i += 1
-        admitted = False
-        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and not preempted:
-            seq = self.waiting[0]
+        # 2. prefill chunks, running first within a client, then admissions; the least-served client first
+        queues = self._prefill_queues(step)
+        while step.budget > 0 and queues:
+            client = min(queues, key=lambda c: (self.served.get(c, 0), queues[c][0].num_uncomputed, queues[c][0].arrival))
+            seq = queues[client][0]
+            if seq in step.evicted:
+                queues[client].popleft()  # preempted while it waited in this step's queue: it runs again next step
+            elif seq.status is SeqStatus.RUNNING:
+                n = min(seq.num_uncomputed, step.room(client))
+                if n <= 0:
+                    del queues[client]  # its share of this step is spent
+                    continue
+                try:
+                    self.allocator.reserve(seq, seq.num_computed + n)
+                except OutOfBlocks:
+                    del queues[client]  # its head cannot run this step: its later requests wait (FCFS)
+                    continue
+                step.take(seq, n, self)
+                queues[client].popleft()
+            elif not self._admit(seq, client, step):
+                del queues[client]
+                continue
+            else:
+                queues[client].popleft()
+            if not queues[client]:
+                del queues[client]
+        if step.admitted:
+            self.running.sort(key=lambda s: s.arrival)
+        return StepPlan(step.batch, departed, step.preempted)
+
+    def _admit(self, seq: Sequence, client: str, step: "_Step") -> bool:
+        """Move a queued sequence into the running batch with its first chunk; False when it cannot run now."""
+        if step.preempted and not self.fair:
+            return False  # FCFS: what was preempted this step goes first, next step
+        if len(self.running) >= self.max_num_seqs and not self._make_room(client, step):
+            return False
+        while True:
             reused = self.allocator.match_prefix(seq)
-            n = min(seq.num_uncomputed, budget)
+            n = min(seq.num_uncomputed, step.room(client))
+            if n <= 0:
+                self.allocator.release(seq)
+                return False
             try:
                 self.allocator.reserve(seq, seq.num_computed + n)
+                break
             except OutOfBlocks:
                 self.allocator.release(seq)
-                break
-            self.waiting.popleft()
-            self._note_admission(seq, reused)
-            seq.status = SeqStatus.RUNNING
-            self.running.append(seq)
-            batch.append(ScheduledSeq(seq, n))
-            budget -= n
-            admitted = True
-        if admitted:
-            self.running.sort(key=lambda s: s.arrival)
-        return StepPlan(batch, departed, preempted)
+                if not self._make_room(client, step):
+                    return False
+        self.waiting.remove(seq)
+        self._note_admission(seq, reused)
+        seq.status = SeqStatus.RUNNING
+        self.running.append(seq)
+        step.admitted = True
+        step.take(seq, n, self)
+        return True
+
+    def _activate(self, now: float) -> None:
+        """Clients with work enter `served` at the least count of those already there; idle ones leave it. `seen`
+        keeps the clients of the last RECENT_S, idle ones included: a client between two requests is still about."""
+        present = {self.client_of(s) for s in self.running} | {self.client_of(s) for s in self.waiting}
+        for client in present:
+            self.seen[client] = now
+        for client in [c for c, at in self.seen.items() if now - at > RECENT_S]:
+            del self.seen[client]
+        for client in [c for c in self.served if c not in present]:
+            del self.served[client]
+        floor = min(self.served.values(), default=0)
+        for client in present:
+            self.served.setdefault(client, floor)
+
+    def _prefill_queues(self, step: "_Step") -> dict[str, deque[Sequence]]:
+        """Per client, what wants a prefill chunk this step: its filling sequences (oldest first), then its queued
+        ones (queue order). The step serves the least-served client's head next, ties to the shorter job."""
+        queues: dict[str, deque[Sequence]] = {}
+        for seq in self.running:
+            if seq.num_uncomputed > 1 and seq not in step.chosen:
+                queues.setdefault(self.client_of(seq), deque()).append(seq)
+        for seq in self.waiting:
+            queues.setdefault(self.client_of(seq), deque()).append(seq)
+        return queues
+
+    def _make_room(self, client: str, step: "_Step") -> bool:
+        """A client with nothing running may take the newest sequence of the client running the most (one per step):
+        without it, a client that filled the slots or the blocks first would hold them until its requests end."""
+        if not self.fair or step.preempted or any(self.client_of(s) == client for s in self.running):
+            return False
+        counts = Counter(self.client_of(s) for s in self.running)
+        if not counts:
+            return False
+        greedy, held = counts.most_common(1)[0]
+        if held < 2:
+            return False  # never take the only request a client runs
+        victim = next(s for s in reversed(self.running) if self.client_of(s) == greedy)
+        step.drop(victim, self)
+        self._preempt(victim)
+        return True
+
+    def _preempt_for(self, step: "_Step") -> None:
+        """Blocks ran out for a running sequence: preempt the newest sequence of the client holding the most blocks
+        (FCFS: the newest overall), dropping it from this step's batch if it was in it."""
+        holders = Counter()
+        for s in self.running:
+            holders[self.client_of(s)] += len(s.block_table)
+        greedy = max(holders, key=lambda c: holders[c])
+        victim = next(s for s in reversed(self.running) if self.client_of(s) == greedy)
+        step.drop(victim, self)
+        self._preempt(victim)
 
     def adopt(self, seq: Sequence) -> None:
         """Run a sequence whose KV is already in its blocks (prefilled by another engine) from the next step."""

@@ -38,6 +38,7 @@ class Sequence:
     finish_reason: str | None = None
     handoff: object | None = None  # engine.core.pd.Handoff: a decode worker continues after the first token
     block_extras: dict[int, bytes] = field(default_factory=dict)  # block index -> image hashes folded into its hash
+    client: str = ""  # who asked (a digest of the API key): the scheduler shares steps, slots and blocks by client
 
     @property
     def tokens(self) -> list[int]:

@@ -26,6 +26,8 @@ def serve_argv(group: InferenceGroup, spec: RoleSpec, *, model: str, host: str, 
         args += ["--lone-arrival-ms", str(e.lone_arrival_ms)]
     if not e.enable_prefix_cache:
         args.append("--no-prefix-cache")
+    if e.scheduling != type(e).model_fields["scheduling"].default:
+        args += ["--scheduling", e.scheduling]
     if e.kv_cache_bytes is not None:
         args += ["--kv-cache-bytes", str(e.kv_cache_bytes)]
     if e.kv_cache_fraction is not None:

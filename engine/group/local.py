@@ -91,6 +91,9 @@ class LocalProcessBackend(Backend):
         except OSError as exc:
             self.delete(handle)
             raise BackendError(f"could not start group {group.name}: {exc}") from None
+        except BaseException:
+            self.delete(handle)  # whatever failed after a spawn, no member of a half-started group stays behind
+            raise
         return handle
 
     def _start_instance(self, run: _Running, role: Role, instance: int) -> None:

@@ -149,7 +149,11 @@ class ManagedGroup:
     def _supervise(self) -> None:
         delay = self.policy.backoff_s
         while not self._stop.is_set():
-            failure = self._build_and_watch()
+            try:
+                failure = self._build_and_watch()
+            except Exception as exc:  # a dead supervisor would leave the group Starting (or Ready) forever
+                log.exception("group %s: supervision failed", self.spec.name)
+                failure = f"supervision failed: {exc.__class__.__name__}: {exc}"
             if self._stop.is_set():
                 break
             if self._ready_since is not None and time.monotonic() - self._ready_since >= self.policy.reset_after_s:

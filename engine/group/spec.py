@@ -11,6 +11,7 @@ import math
 import os
 import re
 import string
+from collections import Counter
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Literal
@@ -115,6 +116,10 @@ class EngineArgs(EngineKnobs):
 
 
 MAX_INSTANCES = 256  # a bound a cluster would accept; larger fleets are several groups
+MAX_MEMBERS = 1024  # members of one group: one atomic unit that starts, fails and is rebuilt together
+MAX_WARM_POOL = 64  # silent standby groups of one spec
+MAX_ROUTER_REPLICAS = 64
+MAX_SPEC_BYTES = 1 << 20  # a spec file is a page of YAML; larger is a mistake (or /dev/zero)
 
 
 class RoleSpec(BaseModel):
@@ -146,6 +151,22 @@ class RoleSpec(BaseModel):
         return value
 
     @model_validator(mode="after")
+    def _ports(self) -> "RoleSpec":
+        if self.port_base is not None:
+            last = self.port_base + self.instances * self.members_per_instance - 1
+            if last > 65535:
+                raise ValueError(f"port_base {self.port_base}: its {self.instances * self.members_per_instance} members "
+                                 f"would need ports up to {last}, past 65535; lower port_base")
+        return self
+
+    @property
+    def ports(self) -> range:
+        """The ports this role's members take on the local backend (empty when port_base is unset)."""
+        if self.port_base is None:
+            return range(0)
+        return range(self.port_base, self.port_base + self.instances * self.members_per_instance)
+
+    @model_validator(mode="after")
     def _engine_core(self) -> "RoleSpec":
         e = self.engine
         if e.api_server_count > 1 and e.engine_core != "process":
@@ -169,7 +190,7 @@ class RouterSpec(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    replicas: int = Field(1, ge=1, description="router processes / pods")
+    replicas: int = Field(1, ge=1, le=MAX_ROUTER_REPLICAS, description=f"router processes / pods (1..{MAX_ROUTER_REPLICAS})")
     port: int = Field(8000, ge=1, le=65535, description="OpenAI-compatible API port")
 
 
@@ -192,8 +213,10 @@ class InferenceGroup(BaseModel):
     name: str = Field(description="DNS-1123 label naming the group (and its Kubernetes objects)")
     version: str = Field(description="release version of what the group serves")
     model: ModelRef = Field(description="the weights")
-    roles: list[RoleSpec] = Field(min_length=1, description="colocated alone, or prefill + decode (+ encoder)")
-    warm_pool: int = Field(0, ge=0, description="silent standby groups kept loaded and warm")
+    roles: list[RoleSpec] = Field(min_length=1, max_length=len(ROLE_ORDER),
+                                  description="colocated alone, or prefill + decode (+ encoder)")
+    warm_pool: int = Field(0, ge=0, le=MAX_WARM_POOL,
+                           description=f"silent standby groups kept loaded and warm (0..{MAX_WARM_POOL})")
     transfer: Literal["shm", "tcp"] = Field("shm", description="KV transport between prefill and decode")
     router: RouterSpec = Field(default_factory=RouterSpec, description="gateway")
     labels: dict[str, str] = Field(default_factory=dict, description="extra labels on everything the group creates")
@@ -228,7 +251,7 @@ class InferenceGroup(BaseModel):
     @model_validator(mode="after")
     def _shape(self) -> "InferenceGroup":
         names = [r.role for r in self.roles]
-        dupes = sorted({n for n in names if names.count(n) > 1})
+        dupes = sorted(n for n, count in Counter(names).items() if count > 1)
         if dupes:
             raise ValueError(f"roles: {', '.join(dupes)} listed more than once")
         present = set(names)
@@ -237,6 +260,15 @@ class InferenceGroup(BaseModel):
         if "colocated" not in present and not {"prefill", "decode"} <= present:
             missing = sorted({"prefill", "decode"} - present)
             raise ValueError(f"roles: a disaggregated group needs prefill and decode; missing {', '.join(missing)}")
+        if self.total_members > MAX_MEMBERS:
+            raise ValueError(f"roles: {self.total_members} members in one group, over {MAX_MEMBERS}; split the fleet "
+                             "into several groups")
+        for i, first in enumerate(self.roles):
+            for second in self.roles[i + 1:]:
+                if first.ports and second.ports and first.ports.start < second.ports.stop \
+                        and second.ports.start < first.ports.stop:
+                    raise ValueError(f"roles: {first.role} ports {first.ports.start}-{first.ports.stop - 1} and "
+                                     f"{second.role} ports {second.ports.start}-{second.ports.stop - 1} overlap")
         return self
 
     def role(self, name: Role) -> RoleSpec:
@@ -269,9 +301,15 @@ class InferenceGroup(BaseModel):
         """Load a spec file; errors name the file and the field."""
         path = Path(path)
         try:
-            data = yaml.safe_load(path.read_text())
+            with open(path, "rb") as f:
+                raw = f.read(MAX_SPEC_BYTES + 1)  # bounded: a spec read from an endless file is refused, not eaten
+            if len(raw) > MAX_SPEC_BYTES:
+                raise GroupSpecError(f"{path}: a group spec is at most {MAX_SPEC_BYTES} bytes; this one is larger")
+            data = yaml.safe_load(raw.decode())
+        except RecursionError:
+            raise GroupSpecError(f"{path}: cannot read group spec: nested too deeply") from None
         except (OSError, yaml.YAMLError, UnicodeDecodeError) as exc:
-            raise GroupSpecError(f"{path}: cannot read group spec: {exc}") from None
+            raise GroupSpecError(f"{path}: cannot read group spec: {_first_line(exc)}") from None
         if not isinstance(data, dict):
             raise GroupSpecError(f"{path}: a group spec is a YAML mapping, got {type(data).__name__}")
         try:
@@ -281,6 +319,11 @@ class InferenceGroup(BaseModel):
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.model_dump(mode="json", exclude_none=True), sort_keys=False)
+
+
+def _first_line(exc: Exception) -> str:
+    """YAML errors point at the line with a multi-line excerpt; the CLI promises one line."""
+    return " ".join(str(exc).split())[:300]
 
 
 def describe(exc: ValidationError) -> str:

@@ -22,15 +22,16 @@ from engine.http import bearer_async_client
 from engine.router.config import RouterConfig
 from engine.router.health import HealthMonitor
 from engine.router.metrics import RouterMetrics
+from engine.router.cpu_pool import INLINE_BYTES, CpuPool
 from engine.router.prompt import PromptPreparer
 from engine.router.proxy import Proxy
 from engine.router.ratelimit import RateLimiter
 from engine.router.samples import SamplePage
 from engine.router.sync import ROUTES_KEY_ENV, ControllerSync
 from engine.router.registry import GROUP_NAME_PATTERN, GroupName, GroupRegistration, Registry, Weight
-from engine.server.auth import BearerAuth, publish_openapi
+from engine.server.auth import BearerAuth, bearer_token, key_digest, publish_openapi
 from engine.server.limits import BodyLimit
-from engine.server.errors import APIError, error_response, install_error_handlers, validation_message
+from engine.server.errors import APIError, clip, error_response, install_error_handlers, validation_message
 from engine.server.protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
 
 UPSTREAM_KEY_ENV = "TIDEFLOW_UPSTREAM_API_KEY"
@@ -58,6 +59,7 @@ def create_router_app(config: RouterConfig, api_keys: list[str], admin_keys: lis
     auth, admin_auth = BearerAuth(api_keys), BearerAuth(admin_keys)
     limiter = RateLimiter(config.rate_limit_rps, config.rate_limit_burst) if config.rate_limit_rps else None
     preparer = PromptPreparer(config.model_dir) if config.model_dir else None
+    cpu = CpuPool(config.prompt_workers, config.prompt_queue)
     headers = {"authorization": f"Bearer {upstream_key}"} if upstream_key else {}
     state: dict = {}
 
@@ -68,17 +70,21 @@ def create_router_app(config: RouterConfig, api_keys: list[str], admin_keys: lis
         limits = httpx.Limits(max_connections=1024, max_keepalive_connections=256, keepalive_expiry=2.0)
         async with bearer_async_client(upstream_key, limits=limits) as client:
             monitor = HealthMonitor(registry, client, config.health_interval_s, config.eject_after, config.readmit_after)
-            state["proxy"] = Proxy(config, registry, client, metrics, preparer.prepare if preparer else _no_pd, headers)
+            state["proxy"] = Proxy(config, registry, client, metrics, preparer.prepare if preparer else _no_pd, headers,
+                                   cpu)
             sync = None
             if config.controller_url:
                 sync = ControllerSync(registry, config.controller_url, routes_key,
                                       config.advertise or f"{config.host}:{config.port}", accept=outside_networks)
                 sync.start()
             monitor.start()
-            yield
-            await monitor.stop()
-            if sync is not None:
-                await sync.stop()
+            try:
+                yield
+            finally:
+                await monitor.stop()
+                if sync is not None:
+                    await sync.stop()
+                cpu.close()
 
     app = FastAPI(title="tideflow router", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes)
@@ -100,8 +106,7 @@ def create_router_app(config: RouterConfig, api_keys: list[str], admin_keys: lis
     async def client_key(request: Request) -> None:
         auth.check(request)
         if limiter is not None:
-            scheme, _, token = request.headers.get("authorization", "").partition(" ")
-            key = token.strip() if scheme.lower() == "bearer" and token.strip() else "anonymous"  # one bucket per key
+            key = bearer_token(request) or "anonymous"  # one bucket per key
             if not limiter.allow(key):
                 metrics.rate_limited.inc()
                 raise APIError(429, "rate limit reached for this API key; slow down and retry", code="rate_limit_exceeded")
@@ -134,14 +139,18 @@ def create_router_app(config: RouterConfig, api_keys: list[str], admin_keys: lis
     async def forward(request: Request, api: str, model_cls) -> Response:
         raw = await request.body()
         try:
-            parsed = model_cls.model_validate_json(raw)
+            if len(raw) < INLINE_BYTES:
+                parsed, body = _parse(model_cls, raw)
+            else:
+                parsed, body = await cpu.run(_parse, model_cls, raw)
         except ValidationError as exc:
             message, param = validation_message(list(exc.errors()))
             return error_response(400, message, param, "invalid_value")
         if parsed.model != config.model_name:
-            return error_response(404, f"model {parsed.model!r} does not exist; this router serves {config.model_name!r}",
-                                  "model", "model_not_found")
-        return await state["proxy"].serve(api, json.loads(raw), raw)
+            return error_response(404, f"model {clip(parsed.model)} does not exist; this router serves "
+                                       f"{config.model_name!r}", "model", "model_not_found")
+        token = bearer_token(request)
+        return await state["proxy"].serve(api, body, raw, key_digest(token) if token else "")
 
     @app.post("/v1/completions", dependencies=[Depends(client_key)])
     async def completions(request: Request) -> Response:
@@ -191,6 +200,11 @@ def in_networks(url: str, networks) -> bool:
     except ValueError:
         return False  # a name could resolve anywhere: only literals are checked against the list
     return any(address in net for net in networks)
+
+
+def _parse(model_cls, raw: bytes) -> tuple:
+    """The validated request and the client's body as a dict (relayed as it came, unknown fields included)."""
+    return model_cls.model_validate_json(raw), json.loads(raw)
 
 
 def _no_pd(api: str, body: dict) -> list[int]:

@@ -27,6 +27,10 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
                    help="take the groups from this controller (key in $TIDEFLOW_ROUTES_KEY); its admin API is then read-only")
     p.add_argument("--advertise", default=None, help="how this replica names itself to the controller (default host:port)")
     p.add_argument("--max-body-bytes", type=int, default=8 << 20, help="largest request body accepted (413 above)")
+    p.add_argument("--max-open-per-key", type=int, default=256,
+                   help="requests one API key may have open at once (429 beyond); 0: no cap")
+    p.add_argument("--prompt-workers", type=int, default=2,
+                   help="threads that parse large bodies and tokenize, hash and serialize prompts, off the event loop")
     p.set_defaults(func=_run)
 
 
@@ -45,7 +49,9 @@ def _run(args: argparse.Namespace) -> int:
                           max_attempts=args.max_attempts, migration_limit=args.migration_limit,
                           route_wait_s=args.route_wait_s,
                           health_interval_s=args.health_interval_s,
-                          max_body_bytes=args.max_body_bytes, member_networks=args.member_network,
+                          max_body_bytes=args.max_body_bytes, prompt_workers=args.prompt_workers,
+                          max_open_per_key=args.max_open_per_key or None,
+                          member_networks=args.member_network,
                           controller_url=args.controller_url, advertise=args.advertise)
     app = create_router_app(config, load_api_keys(args.api_key_file), keys_from_env(ADMIN_KEYS_ENV),
                             os.environ.get(UPSTREAM_KEY_ENV), os.environ.get(ROUTES_KEY_ENV))

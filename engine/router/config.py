@@ -29,8 +29,15 @@ class RouterConfig(BaseModel):
     member_networks: list[IPvAnyNetwork] | None = Field(
         None, description="networks member endpoints must be in (IP literals or localhost only); None = any host")
     max_body_bytes: int = Field(8 << 20, ge=1024, description="largest request body accepted (413 above)")
+    prompt_workers: int = Field(2, ge=1, le=64, description="threads that parse large bodies and tokenize, template, "
+                                                            "hash and serialize prompts, off the event loop")
+    prompt_queue: int = Field(64, ge=1, description="prompts waiting for those threads beyond which a request gets 503 "
+                                                    "at once")
     rate_limit_rps: float | None = Field(None, gt=0, description="requests per second per API key (None = off)")
     rate_limit_burst: int = Field(20, ge=1, description="bucket size of the per-key limiter")
+    max_open_per_key: int | None = Field(
+        256, ge=1, description="requests one API key may have open through this router at once; 429 beyond (None: "
+                               "no cap). Members share their engines between keys fairly (scheduling: fair)")
     controller_url: str | None = Field(
         None, description="take the groups from this controller (watch) instead of the admin API; keeps the last "
                           "route set while the controller is away")

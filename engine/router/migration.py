@@ -37,6 +37,8 @@ class StreamRecord:
         self.first: float | None = None  # when the first text reached the client
         self.end: float | None = None
         self.prompt_ids: list[int] | None = None
+        self.block_hashes: list[int] = []  # of prompt_ids, for prefix affinity (disaggregated groups)
+        self.client = ""  # who asked (engine.server.auth.key_digest): members share their engines by it
         self.image_urls: list[str] = []  # the client's images (disaggregated groups encode them)
         self.images: list[dict] = []  # those images placed in the prompt (engine.encoder.prompt.PromptImage)
         self.extras: dict[int, bytes] = {}  # block index -> image hashes, for prefix-affinity block names

@@ -29,11 +29,13 @@ from engine.core.kv_cache import block_hash
 from engine.core.resume import TRACE_HEADER
 from engine.router.balancer import DecodeBalancer, LeastQueuedBalancer, PrefillBalancer
 from engine.router.config import RouterConfig
+from engine.router.cpu_pool import CpuPool
 from engine.router.health import HealthMonitor
 from engine.router.images import ImagePrompts
 from engine.router.metrics import RouterMetrics
 from engine.router.migration import StreamRecord, UpstreamBroke
 from engine.router.registry import EndpointState, GroupState, Registry
+from engine.server.auth import CLIENT_HEADER
 from engine.server.errors import error_response
 
 
@@ -70,22 +72,64 @@ class Opened:
     endpoints: list[EndpointState] = field(default_factory=list)
 
 
+class OpenRequests:
+    """Requests each client has open through this router, capped: one key's flood waits at its own door (429)
+    instead of in every member's queue. None: no cap."""
+
+    def __init__(self, cap: int | None) -> None:
+        self.cap = cap
+        self.counts: dict[str, int] = {}
+
+    def take(self, client: str) -> bool:
+        held = self.counts.get(client, 0)
+        if self.cap is not None and held >= self.cap:
+            return False
+        self.counts[client] = held + 1
+        return True
+
+    def give(self, client: str) -> None:
+        held = self.counts.get(client, 0) - 1
+        if held > 0:
+            self.counts[client] = held
+        else:
+            self.counts.pop(client, None)
+
+
 class Proxy:
     def __init__(self, config: RouterConfig, registry: Registry, client: httpx.AsyncClient, metrics: RouterMetrics,
-                 prepare_prompt, upstream_headers: dict[str, str]) -> None:
+                 prepare_prompt, upstream_headers: dict[str, str], cpu: CpuPool) -> None:
         self.config, self.registry, self.client, self.metrics = config, registry, client, metrics
         self.prepare_prompt = prepare_prompt  # (api, body) -> prompt token ids, for PD groups
+        self.cpu = cpu  # where prompts are tokenized, hashed and serialized (never on the event loop)
         self.headers = upstream_headers
         self.prefill_lb = PrefillBalancer(config.affinity_threshold_tokens)
         self.decode_lb = DecodeBalancer()
         self.colocated_lb = LeastQueuedBalancer()
         self.encoder_lb = LeastQueuedBalancer()
         self.images = ImagePrompts(config.model_dir) if config.model_dir else None
+        self.open_requests = OpenRequests(config.max_open_per_key)
 
-    async def serve(self, api: str, body: dict, raw: bytes) -> Response:
+    async def serve(self, api: str, body: dict, raw: bytes, client: str = "") -> Response:
+        """`client` names who asked (engine.server.auth.key_digest of the client's key): members share their
+        engines by it, and it counts against the client's cap on open requests."""
+        if not self.open_requests.take(client):
+            return error_response(429, f"this API key has {self.config.max_open_per_key} requests open, the most a key "
+                                       "may; wait for some to finish", code="too_many_open_requests")
+        try:
+            response = await self._serve(api, body, raw, client)
+        except BaseException:
+            self.open_requests.give(client)
+            raise
+        if isinstance(response, StreamingResponse):
+            return response  # the stream gives the slot back when it ends (_sse)
+        self.open_requests.give(client)
+        return response
+
+    async def _serve(self, api: str, body: dict, raw: bytes, client: str) -> Response:
         t0 = time.monotonic()
         deadline = t0 + self.config.request_timeout_s
         record = StreamRecord(api, body, t0)
+        record.client = client
         record.image_urls = self.images.urls(api, body, raw) if self.images is not None else []
         upstream = {**body, "stream": True, "stream_options": {"include_usage": True}}
         try:
@@ -97,7 +141,8 @@ class Proxy:
             return error_response(503, f"request failed on every try: {exc}", code="upstream_unavailable")
         events = self._relay(group, opened, api, upstream, record, deadline)
         if record.client_stream:
-            return StreamingResponse(_sse(events, record), media_type="text/event-stream")
+            return StreamingResponse(_sse(events, record, lambda: self.open_requests.give(record.client)),
+                                     media_type="text/event-stream")
         try:
             async for _ in events:
                 pass
@@ -150,29 +195,33 @@ class Proxy:
         if not group.disaggregated:
             target = self.colocated_lb.choose(group.by_role("colocated") or _fail("no healthy colocated member"))
             if resume is None:
-                return await self._post(target, f"/v1/{api}", json.dumps(upstream).encode(), True, deadline)
+                return await self._post(target, f"/v1/{api}", json.dumps(upstream).encode(), True, deadline,
+                                        record.client)
             content = {"api": api, "request": upstream, "prompt_token_ids": record.prompt_ids, "resume": resume}
-            return await self._post(target, "/internal/resume", json.dumps(content).encode(), True, deadline)
+            return await self._post(target, "/internal/resume", json.dumps(content).encode(), True, deadline,
+                                    record.client)
         if record.prompt_ids is None:
             record.prompt_ids, record.images, record.extras = await self._prompt(group, api, upstream, record.image_urls,
                                                                                  deadline)
+            record.block_hashes = await self.cpu.run(_block_hashes, record.prompt_ids, self.config.block_size,
+                                                     record.extras)
         prompt, images = record.prompt_ids, record.images
-        hashes = _block_hashes(prompt, self.config.block_size, record.extras)
-        prefill = await self._prefill(group, prompt, upstream, hashes, deadline, images, resume)
-        decode_body = json.dumps({"api": api, "request": upstream, "prompt_token_ids": prompt, "images": images,
-                                  "resume": resume, **prefill}).encode()
+        prefill = await self._prefill(group, prompt, upstream, record.block_hashes, deadline, images, resume,
+                                      record.client)
+        decode_body = await self.cpu.run(_json, {"api": api, "request": upstream, "prompt_token_ids": prompt,
+                                                 "images": images, "resume": resume, **prefill})
         target = self.decode_lb.choose(group.by_role("decode") or _fail("no healthy decode member"))
-        return await self._post(target, "/internal/decode", decode_body, True, deadline)
+        return await self._post(target, "/internal/decode", decode_body, True, deadline, record.client)
 
     async def _prompt(self, group: GroupState, api: str, body: dict, urls: list[str],
                       deadline: float) -> tuple[list[int], list[dict], dict]:
         """Prompt token ids of a disaggregated request, with the encoder's images placed in it."""
         if urls and any(e.endpoint.role == "encoder" for e in group.endpoints):
             encoded = await self._encode(group, urls, deadline)
-            prompt, placed, extras = self.images.prompt(body, encoded, self.config.block_size)
+            prompt, placed, extras = await self.cpu.run(self.images.prompt, body, encoded, self.config.block_size)
             return prompt, [p.model_dump() for p in placed], extras
         # text only; images without an encoder role are refused by prepare_prompt
-        return self.prepare_prompt(api, body), [], {}
+        return await self.cpu.run(self.prepare_prompt, api, body), [], {}
 
     async def _encode(self, group: GroupState, urls: list[str], deadline: float) -> list[dict]:
         """Bounded retries across the group's encoders (fewest queued images first); their embeddings."""
@@ -194,9 +243,10 @@ class Proxy:
         raise UpstreamFailed(last)
 
     async def _prefill(self, group: GroupState, prompt: list[int], body: dict, hashes: list[int], deadline: float,
-                       images: list[dict], resume: dict | None) -> dict:
+                       images: list[dict], resume: dict | None, client: str) -> dict:
         """Bounded retries across the group's prefill instances; returns the handover for decode."""
         last = "no healthy prefill member"
+        content: bytes | None = None
         for attempt in range(self.config.max_attempts):
             candidates = group.by_role("prefill")
             if not candidates:
@@ -206,10 +256,10 @@ class Proxy:
             target = self.prefill_lb.choose(candidates, hashes)
             target.queued_prefill_tokens += len(prompt)
             try:
-                opened = await self._post(target, "/internal/prefill",
-                                          json.dumps({"prompt_token_ids": prompt, "request": body, "images": images,
-                                                      "resume": resume}).encode(),
-                                          False, deadline)
+                if content is None:
+                    content = await self.cpu.run(_json, {"prompt_token_ids": prompt, "request": body, "images": images,
+                                                         "resume": resume})
+                opened = await self._post(target, "/internal/prefill", content, False, deadline, client)
             except UpstreamFailed as exc:
                 last = str(exc)
                 continue
@@ -219,7 +269,8 @@ class Proxy:
             return json.loads(opened.body)
         raise UpstreamFailed(last)
 
-    async def _post(self, target: EndpointState, path: str, content: bytes, stream: bool, deadline: float) -> Opened:
+    async def _post(self, target: EndpointState, path: str, content: bytes, stream: bool, deadline: float,
+                    client: str = "") -> Opened:
         url = target.endpoint.url + path
         remaining = max(0.1, deadline - time.monotonic())
         timeout = httpx.Timeout(min(self.config.first_token_timeout_s, remaining), connect=self.config.connect_timeout_s)
@@ -228,8 +279,10 @@ class Proxy:
         target.inflight += 1
         handed_over = False
         try:
-            request = self.client.build_request("POST", url, content=content, timeout=timeout,
-                                                headers={**self.headers, "content-type": "application/json", TRACE_HEADER: "1"})
+            headers = {**self.headers, "content-type": "application/json", TRACE_HEADER: "1"}
+            if client:
+                headers[CLIENT_HEADER] = client
+            request = self.client.build_request("POST", url, content=content, timeout=timeout, headers=headers)
             try:
                 response = await self.client.send(request, stream=True)
             except httpx.TimeoutException:
@@ -341,16 +394,24 @@ async def _lines(opened: Opened) -> AsyncIterator[str]:
         yield line
 
 
-async def _sse(events: AsyncIterator[str], record: StreamRecord) -> AsyncIterator[str]:
-    """Server-sent events for a streaming client; a lost answer ends with an error event."""
+async def _sse(events: AsyncIterator[str], record: StreamRecord, ended) -> AsyncIterator[str]:
+    """Server-sent events for a streaming client; a lost answer ends with an error event. `ended()` runs once the
+    stream is over, however it ended (the client gone included)."""
     try:
-        async for event in events:
-            yield f"data: {event}\n\n"
-        for event in record.tail():
-            yield f"data: {event}\n\n"
-    except StreamLost as exc:
-        yield f'data: {json.dumps({"error": {"message": str(exc), "type": "server_error", "code": exc.status}})}\n\n'
-    yield "data: [DONE]\n\n"
+        try:
+            async for event in events:
+                yield f"data: {event}\n\n"
+            for event in record.tail():
+                yield f"data: {event}\n\n"
+        except StreamLost as exc:
+            yield f'data: {json.dumps({"error": {"message": str(exc), "type": "server_error", "code": exc.status}})}\n\n'
+        yield "data: [DONE]\n\n"
+    finally:
+        ended()
+
+
+def _json(content: dict) -> bytes:
+    return json.dumps(content).encode()
 
 
 def _block_hashes(tokens: list[int], block_size: int, extras: dict[int, bytes] | None = None) -> list[int]:

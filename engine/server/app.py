@@ -17,7 +17,7 @@ from engine.core.llm_engine import LLMEngine
 from engine.core.outputs import RequestOutput, RequestStream
 from engine.server.standby import InstanceState, ServingSwitch
 from engine.server.admin_routes import admin_routes
-from engine.server.auth import BearerAuth, publish_openapi
+from engine.server.auth import BearerAuth, client_id, publish_openapi
 from engine.server.errors import APIError, error_response, install_error_handlers
 from engine.server.limits import DEFAULT_MAX_BODY_BYTES, BodyLimit
 from engine.core.resume import TRACE_FIELD, TRACE_HEADER, ResumeRequest
@@ -137,13 +137,15 @@ def create_app(engine: LLMEngine, model_name: str, api_keys: list[str] | None = 
     async def completions(body: CompletionRequest, request: Request):
         prompt, params = await asyncio.to_thread(prepare, engine, model_name, body)  # tokenizing: off the event loop
         faults.check()
-        return await respond_completion(body, request, faults.slow(engine.stream(prompt, params)), prompt)
+        return await respond_completion(body, request, faults.slow(engine.stream(prompt, params,
+                                                                                  client=client_id(request))), prompt)
 
     @served.post("/v1/chat/completions")
     async def chat(body: ChatCompletionRequest, request: Request):
         prompt, params = await asyncio.to_thread(prepare, engine, model_name, body)
         faults.check()
-        return await respond_chat(body, request, faults.slow(engine.stream(prompt, params)), prompt)
+        return await respond_chat(body, request, faults.slow(engine.stream(prompt, params, client=client_id(request))),
+                                  prompt)
 
     @served.post("/internal/resume")
     async def resume(body: ResumeRequest, request: Request):
@@ -153,7 +155,7 @@ def create_app(engine: LLMEngine, model_name: str, api_keys: list[str] | None = 
         check_token_ids(body.prompt_token_ids + body.resume.output_token_ids, engine.vocab_size)
         params = params_for(parsed, len(body.prompt_token_ids), engine.max_model_len)
         faults.check()
-        stream = faults.slow(engine.stream(body.prompt_token_ids, params, resume=body.resume))
+        stream = faults.slow(engine.stream(body.prompt_token_ids, params, resume=body.resume, client=client_id(request)))
         respond = respond_chat if body.api == "chat/completions" else respond_completion
         return await respond(parsed, request, stream, body.prompt_token_ids)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import os
 from pathlib import Path
@@ -11,6 +12,30 @@ from fastapi import Request
 from engine.server.errors import APIError
 
 API_KEYS_ENV = "TIDEFLOW_API_KEYS"
+# Who a forwarded request is for: the router names the client it came from (a digest of its key, never the key).
+# Members trust it from any caller holding one of their keys, which in a fleet are the fleet's own.
+CLIENT_HEADER = "x-tideflow-client"
+MAX_CLIENT_CHARS = 64
+
+
+def key_digest(key: str) -> str:
+    """A client's name that says which key it used without carrying the key (logs, headers, schedulers)."""
+    return hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+def bearer_token(request: Request) -> str | None:
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    return token.strip() if scheme.lower() == "bearer" and token.strip() else None
+
+
+def client_id(request: Request) -> str:
+    """Whom the engine serves with this request, as its fair scheduler counts: the router's word when it forwarded
+    the request, else the caller's own key (digested); "" for a server without keys."""
+    named = request.headers.get(CLIENT_HEADER)
+    if named:
+        return named[:MAX_CLIENT_CHARS]
+    token = bearer_token(request)
+    return key_digest(token) if token else ""
 
 
 def load_api_keys(key_file: str | Path | None = None, environ: dict[str, str] | None = None) -> list[str]:

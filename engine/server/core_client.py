@@ -161,7 +161,7 @@ class CoreClient:
         check_request(prompt_tokens, params, self.max_model_len, resume)
 
     def stream(self, prompt_tokens: list[int], params: SamplingParams, request_id: str | None = None,
-               handoff=None, images=None, resume: Resume | None = None) -> RequestStream:
+               handoff=None, images=None, resume: Resume | None = None, client: str = "") -> RequestStream:
         """Submit from a coroutine; iterate the returned stream with `async for`."""
         if handoff is not None or images is not None:
             raise EngineError("prefill handoff and image prompts run only with the engine in the API server's "
@@ -178,7 +178,7 @@ class CoreClient:
                                            0 if resume is None else resume.sent_chars), streamed or [])
         self._open[stream.request_id] = opened
         self._send(m.Add(stream.request_id, list(prompt_tokens), params.model_dump(),
-                         None if resume is None else resume.model_dump()))
+                         None if resume is None else resume.model_dump(), client))
         return stream
 
     def abort(self, request_id: str) -> None:

@@ -6,14 +6,17 @@ import logging
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from engine.core.llm_engine import EngineError
 from engine.server.protocol import ErrorDetail, ErrorResponse
 
 log = logging.getLogger(__name__)
+
+CLIENT_CLOSED = 499  # nginx's code for a request its client abandoned; never reaches the gone client
 
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "invalid_request_error",
                405: "invalid_request_error", 429: "rate_limit_error", 503: "service_unavailable_error"}
@@ -30,20 +33,35 @@ class APIError(Exception):
         self.status, self.message, self.param, self.code = status, message, param, code
 
 
+ECHO_CHARS = 200  # of a client's input quoted back in an error: a 2 MB model id is not answered with itself
+MAX_MESSAGE_CHARS = 2000  # backstop for a message that quotes more than it should
+
+
+def clip(value: object) -> str:
+    """`value` as an error quotes it: repr, at most ECHO_CHARS characters."""
+    text = repr(value)
+    return text if len(text) <= ECHO_CHARS else f"{text[:ECHO_CHARS]}... ({len(text)} characters)"
+
+
 def error_response(status: int, message: str, param: str | None = None, code: str | None = None) -> JSONResponse:
+    if len(message) > MAX_MESSAGE_CHARS:
+        message = f"{message[:MAX_MESSAGE_CHARS]}... (cut)"
     body = ErrorResponse(error=ErrorDetail(message=message, type=ERROR_TYPES.get(status, "server_error"), param=param, code=code))
     return JSONResponse(body.model_dump(), status_code=status)
 
 
 def validation_message(errors: list[dict]) -> tuple[str, str | None]:
     """The first pydantic error as (message naming the field, param)."""
-    first = errors[0]
+    # a union reports one error per member type: the deepest is the one about what the client meant
+    # (prompt.list[int].0 "less than 2^31" rather than prompt "a valid string")
+    first = max(errors, key=lambda e: len(e.get("loc", ())))
     if first.get("type") == "json_invalid":
         return f"the request body is not valid JSON: {first.get('ctx', {}).get('error', first['msg'])}", None
     # union members add their type's name to the location (prompt.list[int].0): keep the field path
     loc = [str(p) for p in first.get("loc", ()) if p != "body" and str(p) not in _TYPE_TAGS and "[" not in str(p)]
     param = ".".join(loc) or None
-    return (f"{param}: {first['msg']}" if param else first["msg"]), param
+    msg = first["msg"].removeprefix("Value error, ")
+    return (f"{param}: {msg}" if param else msg), param
 
 
 def install_error_handlers(app: FastAPI, on_error=None) -> None:
@@ -76,7 +94,17 @@ def install_error_handlers(app: FastAPI, on_error=None) -> None:
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         return answer(exc.status_code, str(exc.detail))
 
+    @app.exception_handler(ClientDisconnect)
+    async def _gone(request: Request, exc: ClientDisconnect) -> Response:
+        # a client that hangs up mid-body is routine, not a server error: one line, not a traceback per client
+        log.info("client %s hung up before its request body to %s was read", _peer(request), request.url.path)
+        return Response(status_code=CLIENT_CLOSED)
+
     @app.exception_handler(Exception)
     async def _crash(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error on %s", request.url.path)
         return answer(500, "internal server error; the server log has the details")
+
+
+def _peer(request: Request) -> str:
+    return f"{request.client.host}:{request.client.port}" if request.client else "(unknown)"

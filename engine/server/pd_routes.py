@@ -17,6 +17,7 @@ from engine.encoder.splice import SplicedPrompt
 from engine.server.faults import FaultInjector
 from engine.core.llm_engine import LLMEngine
 from engine.core.pd import DecodeRequest, Handoff, HandoffResult, PrefillRequest, new_transfer_id
+from engine.server.auth import client_id
 from engine.server.errors import APIError
 from engine.server.requests import check_model, check_token_ids, params_for, parse_body
 from engine.transfer import KVTransferError, TransportKind, make_receiver, make_sender
@@ -44,13 +45,14 @@ def pd_routes(engine: LLMEngine, model_name: str, transport: TransportKind, resp
             raise APIError(400, str(exc), param="images", code="invalid_value") from None
 
     @routes.post("/internal/prefill")
-    async def prefill(body: PrefillRequest) -> HandoffResult:
+    async def prefill(body: PrefillRequest, request: Request) -> HandoffResult:
         parsed = parse_body("chat/completions" if "messages" in body.request else "completions", body.request)
         check_model(parsed.model, model_name)
         check_token_ids(body.prompt_token_ids + _resumed(body), engine.vocab_size)
         params = params_for(parsed, len(body.prompt_token_ids), engine.max_model_len)
         handoff = Handoff(sender, new_transfer_id())
-        stream = engine.stream(body.prompt_token_ids, params, handoff=handoff, images=spliced(body), resume=body.resume)
+        stream = engine.stream(body.prompt_token_ids, params, handoff=handoff, images=spliced(body), resume=body.resume,
+                               client=client_id(request))
         async for out in stream:
             if out.error is not None:
                 raise APIError(500, out.error, code="engine_error")
@@ -79,7 +81,7 @@ def pd_routes(engine: LLMEngine, model_name: str, transport: TransportKind, resp
             receiver.release(body.descriptor)
 
         stream = faults.slow(engine.stream_prefilled(body.prompt_token_ids, params, body, kv, release, images,
-                                                     body.resume))
+                                                     body.resume, client=client_id(request)))
         respond = respond_chat if body.api == "chat/completions" else respond_completion
         return await respond(parsed, request, stream, body.prompt_token_ids)
 

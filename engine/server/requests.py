@@ -5,7 +5,7 @@ from __future__ import annotations
 from pydantic import ValidationError
 
 from engine.core.sampling import SamplingParams
-from engine.server.errors import APIError, validation_message
+from engine.server.errors import APIError, clip, validation_message
 from engine.server.protocol import ChatCompletionRequest, CompletionRequest
 from engine.tokenizer import Tokenizer
 
@@ -36,7 +36,7 @@ def params_for(body: Body, prompt_len: int, max_model_len: int) -> SamplingParam
 
 def check_model(requested: str, served: str) -> None:
     if requested != served:
-        raise APIError(404, f"the model '{requested}' does not exist; this server serves '{served}'",
+        raise APIError(404, f"the model {clip(requested)} does not exist; this server serves '{served}'",
                        param="model", code="model_not_found")
 
 

@@ -49,6 +49,8 @@ def source_files(src: Path) -> list[str]:
     found = []
     for dirpath, dirnames, filenames in os.walk(src):
         dirnames[:] = sorted(d for d in dirnames if d != ".tideflow")
+        for name in dirnames + filenames:
+            _refuse_link(Path(dirpath) / name)
         for name in filenames:
             rel = (Path(dirpath) / name).relative_to(src).as_posix()
             if name in CACHE_NAMES or name.endswith(".tideflow-partial"):
@@ -60,6 +62,16 @@ def source_files(src: Path) -> list[str]:
     if not found:
         raise WeightsError(f"{src} holds no files to publish")
     return sorted(found)
+
+
+def _refuse_link(path: Path) -> None:
+    """A link in a checkpoint could publish any file of this host into the store (a tokenizer.json
+    pointing at a key file), so publishing never follows one; the caller resolves them on purpose."""
+    if path.is_symlink():
+        raise WeightsError(
+            f"{path} is a symbolic link (to {os.readlink(path)}): publish never follows links; copy the "
+            f"checkpoint with its links resolved (`cp -rL SRC DIR`, e.g. from a Hugging Face cache) and publish that"
+        )
 
 
 def _reject_foreign_manifest(path: Path) -> None:
@@ -123,7 +135,8 @@ class _Run:
         # would page-fault on every part and cost more than the hashing.
         free: list[bytearray] = []
 
-        with open(path, "rb", buffering=0) as f:
+        # O_NOFOLLOW: a file swapped for a link after source_files looked is refused, not followed
+        with open(os.open(path, os.O_RDONLY | os.O_NOFOLLOW), "rb", buffering=0) as f:
             fd = f.fileno()
 
             def jobs():

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
+from tideflow_kernels.spec import KERNELS_ENV
+
 
 def run(*args, env_home):
+    """In a fresh home, with the kernel build the suite already made or torch's ops (tests/conftest.py): the
+    first-start build is tests/kernels/test_startup.py's to test, not every command's."""
     return subprocess.run([sys.executable, "-m", "flows.cli", *args], capture_output=True, text=True, timeout=120,
-                          env={"TIDEFLOW_HOME": str(env_home), "PATH": "/usr/bin:/bin"})
+                          env={"TIDEFLOW_HOME": str(env_home), "PATH": "/usr/bin:/bin",
+                               KERNELS_ENV: os.environ.get(KERNELS_ENV, "cached")})
 
 
 def test_model_init_then_generate(tmp_path):

@@ -4,6 +4,7 @@ traceback; key files are 0600 whatever was there."""
 from __future__ import annotations
 
 import json
+import shutil
 import stat
 import subprocess
 
@@ -51,3 +52,18 @@ def test_key_files_are_0600_even_when_they_existed_wider(tmp_path, monkeypatch):
     for path in (discovery.router_key_path(), discovery.info_path()):
         assert stat.S_IMODE(path.stat().st_mode) == 0o600
     assert discovery.router_key() == "client"
+
+
+def test_a_tokenizer_that_is_not_json_is_one_line(tiny_model_dir, tmp_path):
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model)
+    (model / "tokenizer.json").write_text("this is not json\n")
+    assert_one_line_error(run("generate", "--model", str(model), "--prompt", "hi", "--max-tokens", "1"),
+                          "tokenizer.json is not a tokenizer")
+
+
+def test_a_spec_past_the_last_port_is_refused_before_anything_starts(tmp_path):
+    spec = tmp_path / "ports.yaml"
+    spec.write_text("name: g\nversion: v1\nmodel: {path: /m}\nroles:\n  - {role: colocated, instances: 2, "
+                    "port_base: 65535}\n")
+    assert_one_line_error(run("group", "render", str(spec), "--backend", "kubernetes"), "past 65535")

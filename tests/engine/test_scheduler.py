@@ -177,3 +177,77 @@ def test_engine_token_ids_equal_generate(tiny, config):
     assert engine.allocator.num_used == 0
     if config.kv_cache_bytes < 1 << 20:
         assert engine.metrics.value("tideflow_preemptions_total") > 0
+
+
+def client_seq(client: str, rid: str, n: int, max_tokens: int = 4, first: int = 1) -> Sequence:
+    q = seq(rid, n, max_tokens=max_tokens, first=first)
+    q.client = client
+    return q
+
+
+@pytest.mark.parametrize("fair", [True, False])
+def test_a_short_request_of_another_client_runs_next_step_not_after_a_flood(fair):
+    """One client's long prompts fill every step's budget; another client's short one used to wait them all out."""
+    s = Scheduler(BlockAllocator(256, 4), 8, 16, 0.0, fair=fair)
+    for i in range(3):
+        s.add(client_seq("flood", f"f{i}", 40, first=100 * i + 1), 0.0)
+    assert step(s) == {"f0": 16}
+    s.add(client_seq("other", "short", 3), 0.0)
+    got = step(s)
+    if fair:
+        # the other client first (it has been served nothing); with two clients about, the flood's prefill takes at
+        # most half a step, which keeps the step (everyone's wait for a token) short
+        assert got == {"short": 3, "f0": 8}
+    else:
+        assert got == {"f0": 16}  # FCFS: behind 104 queued prompt tokens
+        assert "short" not in step(s) and "short" not in step(s)
+
+
+def test_clients_share_the_budget_by_tokens_served_and_a_newcomer_gets_no_credit_for_time_away():
+    s = Scheduler(BlockAllocator(256, 4), 8, 16, 0.0)
+    s.add(client_seq("a", "a0", 200, max_tokens=1), 0.0)
+    for _ in range(5):
+        assert step(s) == {"a0": 16}  # alone: it takes every step
+    s.add(client_seq("b", "b0", 200, max_tokens=1, first=300), 0.0)
+    served = {"a": 0, "b": 0}
+    for _ in range(6):
+        for rid, n in step(s).items():
+            served[rid[0]] += n
+    # b starts at a's count, not at 0: the two alternate instead of b taking the next 80 tokens alone
+    assert served == {"a": 48, "b": 48}
+
+
+def test_a_client_with_nothing_running_takes_a_slot_from_the_client_holding_them_all():
+    s = Scheduler(BlockAllocator(256, 4), 2, 64, 0.0)
+    s.add(client_seq("flood", "f0", 3, max_tokens=50), 0.0)
+    s.add(client_seq("flood", "f1", 3, max_tokens=50, first=50), 0.0)
+    assert step(s) == {"f0": 3, "f1": 3}
+    s.add(client_seq("other", "o0", 3, max_tokens=2, first=90), 0.0)
+    got = step(s)
+    assert got == {"f0": 1, "o0": 3}  # f1, the flood's newest, went back to the queue for a recompute
+    assert [q.request_id for q in s.waiting] == ["f1"] and s.waiting[0].output_tokens == [7]
+
+
+def test_a_client_with_nothing_running_takes_blocks_from_the_client_holding_them():
+    s = Scheduler(BlockAllocator(4, 4), 8, 64, 0.0)
+    s.add(client_seq("flood", "f0", 7, max_tokens=2), 0.0)
+    s.add(client_seq("flood", "f1", 7, max_tokens=2, first=50), 0.0)
+    assert step(s) == {"f0": 7, "f1": 7}  # every block taken
+    s.add(client_seq("other", "o0", 3, max_tokens=2, first=90), 0.0)
+    got = step(s)
+    assert got == {"f0": 1, "o0": 3}
+    assert [q.request_id for q in s.waiting] == ["f1"]
+    for _ in range(20):  # f1 comes back once blocks free up, and everything ends
+        if not s.has_work:
+            break
+        step(s)
+    assert not s.has_work and s.allocator.num_used == 0
+
+
+def test_a_client_s_prefill_share_of_a_step_comes_back_once_the_others_are_gone_for_a_while():
+    s = Scheduler(BlockAllocator(256, 4), 8, 16, 0.0)
+    s.add(client_seq("flood", "f0", 200, max_tokens=1), 0.0)
+    s.add(client_seq("other", "o0", 2, max_tokens=1, first=300), 0.0)
+    assert step(s, 0.0) == {"o0": 2, "f0": 8}
+    assert step(s, 1.0) == {"f0": 8}  # o0 ended, but its client was here a second ago
+    assert step(s, 10.0) == {"f0": 16}  # gone for longer than RECENT_S: the flood has the whole step

@@ -19,6 +19,9 @@ from flows.canary_release import ROLLED_BACK, CanaryParams, CanaryRolledBack, ca
 from flows.deploy_group import deploy_group
 from flows.params import DeployParams
 
+# Two canaries rolled back through the flow: about 2 minutes on 2 cores; `make test-slow` (CI) runs it.
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def controller_model_dir(tiny_model_dir):

@@ -20,6 +20,9 @@ from engine.process import free_port, start_service
 from harness.canary import SHARED_CORES_JUDGE
 from tideflow_kernels.spec import BuildRequest
 
+# The whole release pipeline and the Prefect UI: about 3.5 minutes on 2 cores; `make test-slow` (CI) runs it.
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[2]
 
 

@@ -77,6 +77,19 @@ def test_bad_input_is_a_clear_4xx_and_one_cli_line(controller, tmp_path):
     assert unauth.status_code == 401
 
 
+def test_apply_that_waits_exits_non_zero_when_the_group_is_not_up_in_time(controller, spec, tmp_path):
+    """A script that runs `group apply --wait-s` and goes on when it exits 0 must find the group up."""
+    path = tmp_path / "ctl-slow.yaml"
+    path.write_text(json.dumps(spec.model_copy(update={"name": "ctl-slow"}).model_dump(mode="json")))
+    try:
+        done = cli("group", "apply", str(path), "--wait-s", "0.2")
+        assert done.returncode == 1, (done.stdout, done.stderr)
+        assert json.loads(done.stdout)["state"] in ("Pending", "Starting")
+        assert "error: group ctl-slow is" in done.stderr and "after 0.2s" in done.stderr
+    finally:
+        controller.delete("ctl-slow", drain_s=0)
+
+
 def test_router_killed_is_restarted_with_every_ready_group(serving):
     controller = serving
     status = controller.status()

@@ -12,6 +12,9 @@ from engine.drills.spec import LoadDrillSpec
 from engine.group.manager import GroupState
 from engine.group.spec import InferenceGroup
 
+# Members, routers and a controller killed under load: about 2.5 minutes on 2 cores; `make test-slow` (CI) runs it.
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def pd_group(controller, tiny_model_dir):

@@ -101,6 +101,8 @@ def test_colocated_alone_and_encoder_optional():
     ("labels", {"tideflow.dev/group": "x"}, "labels"),
     ("labels", {"team": "not ok!"}, "labels"),
     ("router", {"replicas": 0}, "router.replicas"),
+    ("router", {"replicas": 65}, "router.replicas"),
+    ("warm_pool", 65, "warm_pool"),
 ])
 def test_bad_fields_are_named(field, value, loc):
     assert loc in error_of(pd(**{field: value}))
@@ -218,3 +220,34 @@ def test_a_role_may_run_its_engine_core_apart_where_it_can():
                                                  "engine": {"engine_core": "process"}}]))
     with pytest.raises(ValidationError, match="needs engine.engine_core"):
         InferenceGroup.model_validate(pd(roles=[{"role": "colocated", "engine": {"api_server_count": 2}}]))
+
+
+@pytest.mark.parametrize("roles, needle", [
+    ([{"role": "colocated", "instances": 2, "port_base": 65535}], "up to 65536, past 65535"),
+    ([{"role": "prefill", "instances": 2, "parallel": "DEP2", "port_base": 65533}, {"role": "decode"}], "65536"),
+    ([{"role": "prefill", "instances": 2, "port_base": 9000}, {"role": "decode", "port_base": 9001}],
+     "prefill ports 9000-9001 and decode ports 9001-9001 overlap"),
+    ([{"role": "prefill", "instances": 256, "parallel": "DEP4"}, {"role": "decode"}], "1025 members in one group"),
+])
+def test_member_ports_and_counts_are_bounded_in_the_spec(roles, needle):
+    """A range past 65535 used to reach the backend and kill the group's supervisor after a spawn."""
+    assert needle in error_of(pd(roles=roles))
+
+
+def test_ports_that_fit_exactly_are_accepted():
+    group = InferenceGroup.model_validate(pd(roles=[{"role": "prefill", "instances": 2, "port_base": 65532},
+                                                    {"role": "decode", "port_base": 65534, "instances": 2}]))
+    assert list(group.role("decode").ports) == [65534, 65535]
+
+
+@pytest.mark.parametrize("content, needle", [
+    ("a: " + "[" * 100_000 + "]" * 100_000 + "\n", "nested too deeply"),
+    ("name: g\n" + "#" * (1 << 20) + "\n", "at most 1048576 bytes"),
+    ("name: [unclosed\nversion: v1\n", "cannot read group spec"),
+])
+def test_a_hostile_spec_file_is_a_one_line_error(tmp_path, content, needle):
+    path = tmp_path / "hostile.yaml"
+    path.write_text(content)
+    with pytest.raises(GroupSpecError) as info:
+        InferenceGroup.from_yaml(path)
+    assert needle in str(info.value) and "\n" not in str(info.value)

@@ -31,10 +31,33 @@ def assert_error(response: httpx.Response, status: int, param: str | None = None
     ({"model": MODEL, "prompt": [1, 2, 99999]}, 400, "prompt"),
     ({"model": MODEL, "prompt": "hi", "max_tokens": 4096}, 400, "prompt"),
     ({"model": MODEL, "prompt": list(range(3, 500)) * 10}, 400, "prompt"),
+    # JSON types as OpenAI documents them: lax parsing streamed "false" and took true as 1
+    ({"model": MODEL, "prompt": "hi", "stream": "false"}, 400, "stream"),
+    ({"model": MODEL, "prompt": "hi", "max_tokens": True}, 400, "max_tokens"),
+    ({"model": MODEL, "prompt": "hi", "temperature": "0.5"}, 400, "temperature"),
+    ({"model": MODEL, "prompt": "hi", "ignore_eos": 1}, 400, "ignore_eos"),
+    ({"model": MODEL, "prompt": [1, 2**63]}, 400, "prompt.1"),
+    # fields not implemented are refused, never a 200 that means something else
+    ({"model": MODEL, "prompt": "hi", "logit_bias": {"5": -100}}, 400, "logit_bias"),
+    ({"model": MODEL, "prompt": "hi", "logprobs": 2}, 400, "logprobs"),
+    ({"model": MODEL, "prompt": "hi", "best_of": 3}, 400, "best_of"),
+    ({"model": MODEL, "prompt": "hi", "echo": True}, 400, "echo"),
+    ({"model": MODEL, "prompt": "hi", "presence_penalty": 0.5}, 400, "presence_penalty"),
+    ({"model": "x" * 100_000, "prompt": "hi"}, 404, "model"),
 ])
 def test_bad_completion_requests(server, body, status, param):
     with server.client() as c:
-        assert_error(c.post("/v1/completions", json=body), status, param)
+        error = assert_error(c.post("/v1/completions", json=body), status, param)
+    assert len(error["message"]) < 400  # an input is quoted at most 200 characters long
+
+
+def test_unserved_fields_at_their_defaults_are_served(server):
+    """Clients that send every field at its default (as some SDKs do) are not refused."""
+    body = {"model": MODEL, "prompt": "hi", "max_tokens": 2, "logprobs": None, "best_of": 1, "echo": False,
+            "logit_bias": {}, "presence_penalty": 0, "frequency_penalty": 0.0, "suffix": None}
+    with server.client() as c:
+        r = c.post("/v1/completions", json=body)
+    assert r.status_code == 200, r.text
 
 
 def test_bad_chat_requests(server):

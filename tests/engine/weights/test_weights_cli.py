@@ -51,3 +51,19 @@ def test_conflict_exit_code_names_force(backend, own_checkpoint, capsys):
     err = capsys.readouterr().err
     assert "config.json" in err and "--force" in err
     assert _main(["weights", "publish", str(own_checkpoint), "--to", backend.url, "--force"]) == 0
+
+
+@pytest.mark.parametrize("linked", ["tokenizer.json", "sub"])
+def test_publish_refuses_a_symbolic_link_and_stores_nothing(linked, backend, own_checkpoint, tmp_path, capsys):
+    """A checkpoint's link to a host file (or folder) must not carry that file into the store."""
+    secret = tmp_path / "host-secret"
+    secret.mkdir()
+    (secret / "key.pem").write_text("PRIVATE KEY")
+    target = secret / "key.pem" if linked == "tokenizer.json" else secret
+    (own_checkpoint / linked).unlink(missing_ok=True)
+    (own_checkpoint / linked).symlink_to(target)
+    assert _main(["weights", "publish", str(own_checkpoint), "--to", backend.url]) == 1
+    err = capsys.readouterr().err
+    assert "symbolic link" in err and linked in err and "Traceback" not in err
+    assert _main(["weights", "verify", backend.url]) == 1
+    assert "no manifest.json at" in capsys.readouterr().err
