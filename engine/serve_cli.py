@@ -82,7 +82,7 @@ def engine_config(args: argparse.Namespace):
 
 
 def serve(args: argparse.Namespace) -> int:
-    import uvicorn
+    from engine.server.connections import run_server
 
     from engine.server.faults import FaultConfig, FaultInjector
     from engine.core.llm_engine import LLMEngine
@@ -139,7 +139,7 @@ def serve(args: argparse.Namespace) -> int:
              engine.allocator.num_blocks, config.block_size)
     app = create_app(engine, config.model_name, keys, transport=None if args.role == "colocated" else args.kv_transport,
                      faults=faults, standby=args.standby, host=args.host, max_body_bytes=args.max_body_bytes)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_keep_alive=MEMBER_KEEP_ALIVE_S)
+    run_server(app, host=args.host, port=args.port, log_level="warning", timeout_keep_alive=MEMBER_KEEP_ALIVE_S)
     return 0
 
 

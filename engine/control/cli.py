@@ -48,6 +48,7 @@ def _controller(args: argparse.Namespace) -> int:
     import uvicorn
 
     from engine.control import discovery
+    from engine.server.connections import server_config
     from engine.control.api import create_control_app
     from engine.control.controller import Controller
     from engine.control.runtime import ControllerConfig
@@ -81,8 +82,8 @@ def _controller(args: argparse.Namespace) -> int:
         server.should_exit = True
 
     app = create_control_app(controller, on_down=on_down)
-    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=port, log_level="warning",
-                                           timeout_graceful_shutdown=5))
+    server = uvicorn.Server(server_config(app, host=args.host, port=port, log_level="warning",
+                                          timeout_graceful_shutdown=5))
     discovery.register(info, controller.client_key)
     print(f"controller: {info.url} (pid {info.pid}); router: {controller.router_url}/v1 "
           f"(API key in {discovery.router_key_path()})", flush=True)

@@ -45,6 +45,7 @@ class StepPlan:
 
 
 RECENT_S = 5.0  # a client that had work this recently still counts when a step's prefill is shared
+MAX_SHARES = 8  # a client's prefill share of a step is never below 1/8 of it, however many clients were about
 
 
 class _Step:
@@ -57,6 +58,7 @@ class _Step:
         self.batch: list[ScheduledSeq] = []
         self.chosen: set[Sequence] = set()
         self.evicted: set[Sequence] = set()
+        self.victims: set[str] = set()  # clients that lost a sequence to preemption in this step
         self.preempted = 0
         self.admitted = False
 
@@ -77,12 +79,16 @@ class _Step:
         """A preempted sequence leaves the batch and gives its budget (and its client's count) back."""
         self.evicted.add(seq)
         self.preempted += 1
+        client = scheduler.client_of(seq)
+        self.victims.add(client)
         if seq in self.chosen:
             item = next(i for i in self.batch if i.seq is seq)
             self.batch.remove(item)
             self.chosen.discard(seq)
             self.budget += item.num_new
-            scheduler.served[scheduler.client_of(seq)] -= item.num_new
+            scheduler.served[client] -= item.num_new
+            if item.num_new > 1 or seq.num_uncomputed > 1:
+                self.prefill[client] = max(0, self.prefill.get(client, 0) - item.num_new)
 
 
 class Scheduler:
@@ -140,7 +146,8 @@ class Scheduler:
         # With other clients about (running, queued, or between two of their requests), no client's prefill may take
         # more than its share of a step: a step is the wait of everyone's next token, and a 2,048-token chunk is
         # a second on 2 CPU cores.
-        step = _Step(self.max_batch_tokens, self.max_batch_tokens // max(1, len(self.seen)))
+        share = max(self.max_batch_tokens // max(1, len(self.seen)), self.max_batch_tokens // MAX_SHARES, 1)
+        step = _Step(self.max_batch_tokens, share)
         # 1. every decoding sequence computes its one token, oldest first (blocks permitting)
         i = 0
         while i < len(self.running) and step.budget > 0:
@@ -162,7 +169,8 @@ class Scheduler:
             client = min(queues, key=lambda c: (self.served.get(c, 0), queues[c][0].num_uncomputed, queues[c][0].arrival))
             seq = queues[client][0]
             if seq in step.evicted:
-                queues[client].popleft()  # preempted while it waited in this step's queue: it runs again next step
+                del queues[client]  # preempted while it waited in this step's queue: it goes first, next step
+                continue
             elif seq.status is SeqStatus.RUNNING:
                 n = min(seq.num_uncomputed, step.room(client))
                 if n <= 0:
@@ -171,6 +179,9 @@ class Scheduler:
                 try:
                     self.allocator.reserve(seq, seq.num_computed + n)
                 except OutOfBlocks:
+                    if not step.preempted:
+                        self._preempt_for(step)  # filling sequences holding every block would wait on each other
+                        continue  # for ever: one gives its blocks back (maybe this one) and the head tries again
                     del queues[client]  # its head cannot run this step: its later requests wait (FCFS)
                     continue
                 step.take(seq, n, self)
@@ -188,8 +199,8 @@ class Scheduler:
 
     def _admit(self, seq: Sequence, client: str, step: "_Step") -> bool:
         """Move a queued sequence into the running batch with its first chunk; False when it cannot run now."""
-        if step.preempted and not self.fair:
-            return False  # FCFS: what was preempted this step goes first, next step
+        if client in step.victims:
+            return False  # what this client lost to preemption this step goes first, next step (FCFS)
         if len(self.running) >= self.max_num_seqs and not self._make_room(client, step):
             return False
         while True:

@@ -143,7 +143,10 @@ class ManagedGroup:
         with self._persist_lock:  # the supervisor and control threads both persist; one snapshot at a time
             with self._changed:
                 text = self.status.model_dump_json(indent=2)
-            atomic_write_text(self.state_dir / f"{self.spec.name}.json", text)
+            try:
+                atomic_write_text(self.state_dir / f"{self.spec.name}.json", text)
+            except OSError as exc:  # a full disk must not end supervision: the status in memory stays true
+                log.warning("group %s: could not write its status file: %s", self.spec.name, exc)
 
     # -- the loop ------------------------------------------------------------------------------
     def _supervise(self) -> None:

@@ -149,7 +149,7 @@ def create_router_app(config: RouterConfig, api_keys: list[str], admin_keys: lis
         if parsed.model != config.model_name:
             return error_response(404, f"model {clip(parsed.model)} does not exist; this router serves "
                                        f"{config.model_name!r}", "model", "model_not_found")
-        token = bearer_token(request)
+        token = bearer_token(request) if auth.enabled else None  # without keys, a bearer value is anybody's word
         return await state["proxy"].serve(api, body, raw, key_digest(token) if token else "")
 
     @app.post("/v1/completions", dependencies=[Depends(client_key)])

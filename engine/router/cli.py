@@ -37,7 +37,7 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
 def _run(args: argparse.Namespace) -> int:
     import os
 
-    import uvicorn
+    from engine.server.connections import run_server
 
     from engine.router.app import ADMIN_KEYS_ENV, UPSTREAM_KEY_ENV, create_router_app, keys_from_env
     from engine.router.config import RouterConfig
@@ -55,5 +55,5 @@ def _run(args: argparse.Namespace) -> int:
                           controller_url=args.controller_url, advertise=args.advertise)
     app = create_router_app(config, load_api_keys(args.api_key_file), keys_from_env(ADMIN_KEYS_ENV),
                             os.environ.get(UPSTREAM_KEY_ENV), os.environ.get(ROUTES_KEY_ENV))
-    uvicorn.run(app, host=config.host, port=config.port, log_level="warning", timeout_graceful_shutdown=5)
+    run_server(app, host=config.host, port=config.port, log_level="warning", timeout_graceful_shutdown=5)
     return 0

@@ -36,7 +36,7 @@ from engine.router.metrics import RouterMetrics
 from engine.router.migration import StreamRecord, UpstreamBroke
 from engine.router.registry import EndpointState, GroupState, Registry
 from engine.server.auth import CLIENT_HEADER
-from engine.server.errors import error_response
+from engine.server.errors import APIError, error_response
 
 
 ROUTE_POLL_S = 0.02  # how often a request waiting for a routable group looks again
@@ -112,17 +112,18 @@ class Proxy:
     async def serve(self, api: str, body: dict, raw: bytes, client: str = "") -> Response:
         """`client` names who asked (engine.server.auth.key_digest of the client's key): members share their
         engines by it, and it counts against the client's cap on open requests."""
-        if not self.open_requests.take(client):
+        if client and not self.open_requests.take(client):
             return error_response(429, f"this API key has {self.config.max_open_per_key} requests open, the most a key "
                                        "may; wait for some to finish", code="too_many_open_requests")
+        release = _once(lambda: self.open_requests.give(client) if client else None)
         try:
             response = await self._serve(api, body, raw, client)
         except BaseException:
-            self.open_requests.give(client)
+            release()
             raise
         if isinstance(response, StreamingResponse):
-            return response  # the stream gives the slot back when it ends (_sse)
-        self.open_requests.give(client)
+            return _ReleasingStream(response, release)  # the slot is given back once the answer is over
+        release()
         return response
 
     async def _serve(self, api: str, body: dict, raw: bytes, client: str) -> Response:
@@ -141,8 +142,7 @@ class Proxy:
             return error_response(503, f"request failed on every try: {exc}", code="upstream_unavailable")
         events = self._relay(group, opened, api, upstream, record, deadline)
         if record.client_stream:
-            return StreamingResponse(_sse(events, record, lambda: self.open_requests.give(record.client)),
-                                     media_type="text/event-stream")
+            return StreamingResponse(_sse(events, record), media_type="text/event-stream")
         try:
             async for _ in events:
                 pass
@@ -366,7 +366,7 @@ class Proxy:
                     holding = False
                     try:
                         group, current = await self._open_any(api, upstream, record, deadline, {group.reg.name})
-                    except (UpstreamFailed, UpstreamRejected) as exc:
+                    except (UpstreamFailed, UpstreamRejected, APIError) as exc:  # APIError: the router is busy
                         raise StreamLost("error", f"{why}; migrating it failed: {exc}") from None
                     holding = True
         except TimeoutError:
@@ -394,20 +394,42 @@ async def _lines(opened: Opened) -> AsyncIterator[str]:
         yield line
 
 
-async def _sse(events: AsyncIterator[str], record: StreamRecord, ended) -> AsyncIterator[str]:
-    """Server-sent events for a streaming client; a lost answer ends with an error event. `ended()` runs once the
-    stream is over, however it ended (the client gone included)."""
+async def _sse(events: AsyncIterator[str], record: StreamRecord) -> AsyncIterator[str]:
+    """Server-sent events for a streaming client; a lost answer ends with an error event."""
     try:
+        async for event in events:
+            yield f"data: {event}\n\n"
+        for event in record.tail():
+            yield f"data: {event}\n\n"
+    except StreamLost as exc:
+        yield f'data: {json.dumps({"error": {"message": str(exc), "type": "server_error", "code": exc.status}})}\n\n'
+    yield "data: [DONE]\n\n"
+
+
+class _ReleasingStream(StreamingResponse):
+    """A streaming answer that runs `release` once it is over however it ended: a client gone before the first
+    byte never starts the body's generator, whose own `finally` would then never run."""
+
+    def __init__(self, inner: StreamingResponse, release) -> None:
+        super().__init__(inner.body_iterator, status_code=inner.status_code, media_type=inner.media_type)
+        self._release = release
+
+    async def __call__(self, scope, receive, send) -> None:
         try:
-            async for event in events:
-                yield f"data: {event}\n\n"
-            for event in record.tail():
-                yield f"data: {event}\n\n"
-        except StreamLost as exc:
-            yield f'data: {json.dumps({"error": {"message": str(exc), "type": "server_error", "code": exc.status}})}\n\n'
-        yield "data: [DONE]\n\n"
-    finally:
-        ended()
+            await super().__call__(scope, receive, send)
+        finally:
+            self._release()
+
+
+def _once(fn):
+    done = False
+
+    def run() -> None:
+        nonlocal done
+        if not done:
+            done = True
+            fn()
+    return run
 
 
 def _json(content: dict) -> bytes:

@@ -24,6 +24,7 @@ from pydantic import BaseModel, Field
 from engine.errors import EXIT_ENGINE_FAILED, exit_member
 from engine.process import Child, die_with_parent
 from engine.server.auth import load_api_keys
+from engine.server.connections import server_config
 from engine.server.core_client import CoreClient
 from engine.server.faults import FaultConfig, FaultInjector
 from engine.server.limits import DEFAULT_MAX_BODY_BYTES, MEMBER_KEEP_ALIVE_S
@@ -69,7 +70,7 @@ def serve_api(spec: ApiServerSpec, client: CoreClient, warm_up: bool, standby: b
     app = create_app(client, spec.model_name, load_api_keys(spec.api_key_file), warm_up=warm_up, faults=faults,
                      standby=standby, host=spec.host, max_body_bytes=spec.max_body_bytes)
     sock = listening_socket(spec.host, spec.port, spec.reuse_port)
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_keep_alive=MEMBER_KEEP_ALIVE_S))
+    server = uvicorn.Server(server_config(app, log_level="warning", timeout_keep_alive=MEMBER_KEEP_ALIVE_S))
     try:
         server.run(sockets=[sock])
     finally:

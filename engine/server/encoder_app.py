@@ -124,7 +124,6 @@ def create_encoder_app(service: EncoderService, factory: MetricFactory, api_keys
 
 def serve_encoder(args: argparse.Namespace) -> int:
     """The encoder role of `tideflow serve`: loads `<model>/vision_encoder/`, serves until stopped."""
-    import uvicorn
 
     from engine.encoder.vision import load_vision_encoder
     from engine.server.auth import load_api_keys
@@ -142,6 +141,8 @@ def serve_encoder(args: argparse.Namespace) -> int:
              encoder.config.num_patches)
     from engine.server.limits import MEMBER_KEEP_ALIVE_S
 
-    uvicorn.run(create_encoder_app(service, factory, keys), host=args.host, port=args.port, log_level="warning",
-                timeout_keep_alive=MEMBER_KEEP_ALIVE_S)
+    from engine.server.connections import run_server
+
+    run_server(create_encoder_app(service, factory, keys), host=args.host, port=args.port, log_level="warning",
+               timeout_keep_alive=MEMBER_KEEP_ALIVE_S)
     return 0

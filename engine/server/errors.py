@@ -12,6 +12,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
 from engine.core.llm_engine import EngineError
+from engine.server.limits import BodyReadTimeout
 from engine.server.protocol import ErrorDetail, ErrorResponse
 
 log = logging.getLogger(__name__)
@@ -19,7 +20,7 @@ log = logging.getLogger(__name__)
 CLIENT_CLOSED = 499  # nginx's code for a request its client abandoned; never reaches the gone client
 
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "invalid_request_error",
-               405: "invalid_request_error", 429: "rate_limit_error", 503: "service_unavailable_error"}
+               405: "invalid_request_error", 408: "invalid_request_error", 429: "rate_limit_error", 503: "service_unavailable_error"}
 
 
 _TYPE_TAGS = {"str", "int", "float", "bool", "dict", "list"}
@@ -93,6 +94,11 @@ def install_error_handlers(app: FastAPI, on_error=None) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         return answer(exc.status_code, str(exc.detail))
+
+    @app.exception_handler(BodyReadTimeout)
+    async def _stalled(request: Request, exc: BodyReadTimeout) -> JSONResponse:
+        log.info("client %s: %s (%s)", _peer(request), exc, request.url.path)
+        return answer(408, str(exc), code="request_timeout")
 
     @app.exception_handler(ClientDisconnect)
     async def _gone(request: Request, exc: ClientDisconnect) -> Response:

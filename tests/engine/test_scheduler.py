@@ -251,3 +251,26 @@ def test_a_client_s_prefill_share_of_a_step_comes_back_once_the_others_are_gone_
     assert step(s, 0.0) == {"o0": 2, "f0": 8}
     assert step(s, 1.0) == {"f0": 8}  # o0 ended, but its client was here a second ago
     assert step(s, 10.0) == {"f0": 16}  # gone for longer than RECENT_S: the flood has the whole step
+
+
+def test_two_clients_filling_every_block_do_not_wait_on_each_other_for_ever():
+    """Both prompts fill half the budget a step until no block is left: one must give its blocks back."""
+    s = Scheduler(BlockAllocator(16, 4), 8, 16, 0.0)
+    s.add(client_seq("a", "a0", 40, max_tokens=2), 0.0)
+    s.add(client_seq("b", "b0", 40, max_tokens=2, first=100), 0.0)
+    for _ in range(60):
+        if not s.has_work:
+            break
+        step(s)
+    assert not s.has_work and s.allocator.num_used == 0
+
+
+def test_one_client_stays_first_come_first_served_after_a_preemption():
+    s = Scheduler(BlockAllocator(4, 4), 8, 64, 0.0)
+    s.add(seq("a", 7, max_tokens=3, arrival=1.0), 0.0)
+    s.add(seq("b", 7, max_tokens=3, arrival=2.0, first=50), 0.0)
+    step(s)
+    step(s)
+    s.add(seq("d", 3, max_tokens=2, arrival=3.0, first=90), 0.0)
+    assert step(s) == {"a": 1}  # b preempted for a's block; d does not pass b, which waits first in line
+    assert [q.request_id for q in s.waiting] == ["b", "d"]
