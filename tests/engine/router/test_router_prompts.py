@@ -31,12 +31,19 @@ CLIENT, ADMIN = "client-key", "admin-key"
 SEEN_HEADERS: list[dict] = []
 
 
-def refusing_members() -> FastAPI:
+def member_app() -> FastAPI:
+    """A stand-in member: ready at once; each test adds the routes it needs."""
     app = FastAPI()
 
     @app.get("/ready")
     async def ready():
         return {"status": "ready"}
+
+    return app
+
+
+def refusing_members() -> FastAPI:
+    app = member_app()
 
     @app.post("/internal/prefill")
     async def prefill(request: Request):
@@ -148,11 +155,7 @@ def test_members_learn_the_client_as_a_digest_of_its_key_never_the_key(router):
 
 
 def slow_member() -> FastAPI:
-    app = FastAPI()
-
-    @app.get("/ready")
-    async def ready():
-        return {"status": "ready"}
+    app = member_app()
 
     @app.post("/v1/completions")
     async def completions():
