@@ -64,7 +64,7 @@ def generate(
         tokens = sample(logits, [plist[i] for i in active], [seeds[i] for i in active],
                         [len(outs[i].tokens) for i in active])
         still = []
-        for i, tok in zip(active, tokens):
+        for i, (tok, _) in zip(active, tokens):
             if tok is None:
                 raise ValueError(f"prompt {i}: sampling failed, the model gave no finite scores")
             out = outs[i]

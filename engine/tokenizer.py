@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from pathlib import Path
@@ -11,6 +12,7 @@ from typing import Annotated, Literal
 import jinja2.sandbox
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from tokenizers import Tokenizer as HFTokenizer
+from tokenizers import decoders
 
 from engine.errors import CheckpointError
 
@@ -109,6 +111,7 @@ class Tokenizer:
         eos = cfg.get("eos_token")
         eos_id = self._tok.token_to_id(eos) if isinstance(eos, str) else None
         self.eos_ids: tuple[int, ...] = (eos_id,) if eos_id is not None else ()
+        self._special_ids = frozenset(self._tok.get_added_tokens_decoder())
 
     @property
     def vocab_size(self) -> int:
@@ -132,6 +135,19 @@ class Tokenizer:
     def decode(self, ids: list[int]) -> str:
         return self._tok.decode(ids, skip_special_tokens=True)
 
+    @functools.lru_cache(maxsize=65536)
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes one token stands for, as the logprobs' `bytes` field reports them: a byte-level token may hold
+        part of a character, which decode() renders as U+FFFD. A special token is its own text."""
+        entry = self._tok.id_to_token(token_id)
+        if entry is None:
+            return b""
+        if token_id in self._special_ids or not isinstance(self._tok.decoder, decoders.ByteLevel):
+            return (self._tok.decode([token_id], skip_special_tokens=False) or entry).encode()
+        if all(ch in _BYTE_OF_CHAR for ch in entry):
+            return bytes(_BYTE_OF_CHAR[ch] for ch in entry)
+        return entry.encode()
+
     def apply_chat_template(self, messages: list[ChatMessage], add_generation_prompt: bool = True,
                             image_marker: str | None = None) -> str:
         """The prompt text; image parts render as `image_marker` (engine.encoder.prompt splits on it)."""
@@ -139,6 +155,23 @@ class Tokenizer:
             messages=[{"role": m.role, "content": m.text(image_marker)} for m in messages],
             add_generation_prompt=add_generation_prompt, **self._special
         )
+
+
+def _byte_of_char() -> dict[str, int]:
+    """Byte-level BPE's alphabet (GPT-2's): printable bytes stand for themselves, the other bytes for the code
+    points from 256 up, in byte order. Inverted: which byte each vocabulary character is."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAC + 1), *range(0xAE, 0xFF + 1)]
+    chars, extra = {}, 0
+    for byte in range(256):
+        if byte in printable:
+            chars[chr(byte)] = byte
+        else:
+            chars[chr(256 + extra)] = byte
+            extra += 1
+    return chars
+
+
+_BYTE_OF_CHAR = _byte_of_char()
 
 
 class IncrementalDecoder:

@@ -14,6 +14,8 @@ from typing import Any
 
 import msgspec
 
+from engine.core.sampling import Logprob
+
 
 class Hello(msgspec.Struct, tag="hello"):
     """An API server introduces itself: where it takes outputs (its PULL socket's address)."""
@@ -63,6 +65,7 @@ class Output(msgspec.Struct, array_like=True):
     error: str | None = None
     seed: int | None = None
     status: int = 0  # an Add the core refused: the HTTP status to answer (429 queue full, 400 too long)
+    logprobs: list[Logprob] | None = None  # one per token id, when the request asked for them
 
 
 class Outputs(msgspec.Struct, tag="outputs"):

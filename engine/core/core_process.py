@@ -257,7 +257,7 @@ class EngineCore:
 
 def _wire(out: RequestOutput) -> m.Output:
     return m.Output(out.request_id, out.token_ids, out.finish_reason, out.prompt_tokens, out.completion_tokens,
-                    out.cached_tokens, out.error, out.seed)
+                    out.cached_tokens, out.error, out.seed, logprobs=out.logprobs)
 
 
 def main(argv: list[str]) -> int:

@@ -35,7 +35,7 @@ from engine.core.outputs import RequestOutput, RequestStream, Result, Sink
 from engine.core.output_text import RequestText
 from engine.core.pd import Handoff, HandoffResult, hand_off, import_prefilled
 from engine.core.resume import Resume
-from engine.core.sampling import SamplingParams, resolve_seed, sample
+from engine.core.sampling import Logprob, SamplingParams, resolve_seed, sample
 from engine.core.scheduler import Scheduler, StepPlan
 from engine.core.sequence import Sequence
 from engine.metrics import ServingMetrics
@@ -67,6 +67,7 @@ class _Import:
     """A prefilled sequence waiting for KV blocks on a decode worker."""
 
     first_token: int
+    first_logprob: Logprob | None
     kv: memoryview
     on_imported: Callable[[], None]
 
@@ -197,7 +198,7 @@ class LLMEngine:
         seq = Sequence(request_id, list(prompt_tokens), params, prefilled.seed, client=client)
         seq.num_cached_prompt = prefilled.num_cached_tokens
         req = self._new_request(seq, sink, images, resume)
-        req.imported = _Import(prefilled.first_token, kv, on_imported)
+        req.imported = _Import(prefilled.first_token, prefilled.first_logprob, kv, on_imported)
         return self._enqueue(req)
 
     def _new_request(self, seq: Sequence, sink: Sink, images: SplicedPrompt | None = None,
@@ -258,6 +259,7 @@ class LLMEngine:
             res = results[out.request_id]
             res.token_ids += out.token_ids
             res.text += out.text
+            res.logprobs += out.logprobs or ()
             if out.finished:
                 res.finish_reason, res.cached_tokens = out.finish_reason, out.cached_tokens
                 pending.discard(out.request_id)
@@ -412,14 +414,14 @@ class LLMEngine:
             return True
         imp.on_imported()
         self.scheduler.adopt(seq)
-        self._on_token(req, imp.first_token, time.monotonic())
+        self._on_token(req, imp.first_token, time.monotonic(), imp.first_logprob)
         return True
 
-    def _hand_off(self, req: _Request, tok: int, now: float) -> None:
+    def _hand_off(self, req: _Request, tok: int, now: float, logprob: Logprob | None) -> None:
         """Prefill role: export the prompt's blocks, report the first token, finish here."""
         seq = req.seq
         try:
-            result = hand_off(self.allocator, self.runner.kv_cache, seq, tok)
+            result = hand_off(self.allocator, self.runner.kv_cache, seq, tok, logprob)
         except Exception as exc:
             self.scheduler.abort(seq.request_id)
             self._fail(req, f"KV export failed: {exc}")
@@ -443,7 +445,7 @@ class LLMEngine:
             rows = [i for i, item in enumerate(plan.batch) if item.completes]
             if len(rows) != len(plan.batch):
                 logits = logits.index_select(0, to_device(rows, torch.int64, logits.device))
-            tokens = sample(logits, [i.seq.params for i in done], [i.seq.seed for i in done],
+            sampled = sample(logits, [i.seq.params for i in done], [i.seq.seed for i in done],
                             [len(i.seq.output_tokens) for i in done])
         except Exception as exc:  # a failed step fails its requests with the reason, never silently
             log.exception("engine step failed")
@@ -455,13 +457,13 @@ class LLMEngine:
             return
         self.scheduler.advance(plan)
         now = time.monotonic()
-        for item, tok in zip(done, tokens):
+        for item, (tok, logprob) in zip(done, sampled):
             req = self._requests[item.seq.request_id]
             if tok is None:  # this request's sampling had no valid distribution: it fails alone
                 self.scheduler.abort(item.seq.request_id)
                 self._fail(req, "sampling failed: the model gave no finite scores for these sampling parameters")
                 continue
-            self._on_token(req, tok, now)
+            self._on_token(req, tok, now, logprob)
 
     def _step(self, seq: Sequence, num_new: int) -> SeqStep:
         tokens = _slice(seq, seq.num_computed, num_new)
@@ -469,10 +471,10 @@ class LLMEngine:
         embeds = None if spliced is None else step_embeds(spliced, self.model.embed, seq.num_computed, tokens)
         return SeqStep(tokens, seq.num_computed, seq.block_table, embeds)
 
-    def _on_token(self, req: _Request, tok: int, now: float) -> None:
+    def _on_token(self, req: _Request, tok: int, now: float, logprob: Logprob | None) -> None:
         seq = req.seq
         if seq.handoff is not None:
-            self._hand_off(req, tok, now)
+            self._hand_off(req, tok, now, logprob)
             return
         seq.output_tokens.append(tok)
         m = self.metrics
@@ -485,8 +487,9 @@ class LLMEngine:
         req.last_token_at = now
         text = req.text
         reason = finish_reason(tok, len(seq.output_tokens), text is not None and text.push(tok), seq.params, self.eos_ids)
+        logprobs = None if logprob is None else [logprob]
         if reason is None:
-            req.sink(self._output(req, [tok], "" if text is None else text.delta(), None))
+            req.sink(self._output(req, [tok], "" if text is None else text.delta(), None, logprobs=logprobs))
             return
         final = "" if text is None else text.rest(seq.output_tokens)
         new = [] if (not seq.params.ignore_eos and tok in self.eos_ids) else [tok]
@@ -499,17 +502,18 @@ class LLMEngine:
         if n > 1:
             m.tpot.observe((now - req.first_token_at) / (n - 1))
         m.requests.labels(reason).inc()
-        req.sink(self._output(req, new, final, reason))
+        req.sink(self._output(req, new, final, reason, logprobs=logprobs if new else None))
 
     def _fail(self, req: _Request, why: str) -> None:
         self._requests.pop(req.seq.request_id, None)
         self.metrics.requests.labels("error").inc()
         req.sink(self._output(req, [], "", "error", error=why))
 
-    def _output(self, req: _Request, tokens: list[int], text: str, reason: str | None, error: str | None = None) -> RequestOutput:
+    def _output(self, req: _Request, tokens: list[int], text: str, reason: str | None, error: str | None = None,
+                logprobs: list[Logprob] | None = None) -> RequestOutput:
         seq = req.seq
         return RequestOutput(seq.request_id, tokens, text, reason, len(seq.prompt_tokens), len(seq.output_tokens),
-                             seq.num_cached_prompt, error, seed=seq.seed)
+                             seq.num_cached_prompt, error, seed=seq.seed, logprobs=logprobs)
 
     def _observe(self, plan: StepPlan) -> None:
         m, stats = self.metrics, self.scheduler.prefix_stats

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from engine.core.pd import HandoffResult
+from engine.core.sampling import Logprob
 
 
 @dataclass
@@ -24,6 +25,7 @@ class RequestOutput:
     error: str | None = None
     handoff: HandoffResult | None = None
     seed: int | None = None  # what the request draws from: another worker resuming it draws the same
+    logprobs: list[Logprob] | None = None  # one per token id, when the request asked for them
 
     @property
     def finished(self) -> bool:
@@ -38,6 +40,7 @@ class Result:
     text: str = ""
     finish_reason: str | None = None
     cached_tokens: int = 0
+    logprobs: list[Logprob] = field(default_factory=list)  # one per token id, when the request asked for them
 
 
 Sink = Callable[[RequestOutput], None]

@@ -17,6 +17,7 @@ from engine.encoder.prompt import PromptImage
 from engine.core.kv_cache import BlockAllocator, export_into, import_blocks, kv_nbytes
 from engine.model.paged import KVCache
 from engine.core.resume import Resume
+from engine.core.sampling import Logprob
 from engine.core.sequence import Sequence
 from engine.transfer import KVSender, TransferDescriptor
 
@@ -37,6 +38,7 @@ class HandoffResult(BaseModel):
     seed: int | None = Field(None, ge=-(2**63), lt=2**64,
                              description="what the request samples from (engine.core.sampling.step_uniform); None = greedy")
     num_cached_tokens: int = Field(0, ge=0, description="prompt tokens prefill found in its prefix cache")
+    first_logprob: Logprob | None = Field(None, description="the first token's log-probabilities, when asked for")
 
 
 class PrefillRequest(BaseModel):
@@ -71,13 +73,14 @@ def export_kv(kv_cache: KVCache, block_ids: list[int], handoff: Handoff) -> Tran
     return handoff.sender.commit(handoff.transfer_id)
 
 
-def hand_off(allocator: BlockAllocator, kv_cache: KVCache, seq: Sequence, first_token: int) -> HandoffResult:
+def hand_off(allocator: BlockAllocator, kv_cache: KVCache, seq: Sequence, first_token: int,
+             first_logprob: Logprob | None = None) -> HandoffResult:
     """Prefill role: export the blocks of the prompt (and of a resumed request's tokens) for the decode worker,
     with what it needs to go on from `first_token` as this engine would have."""
     blocks = seq.block_table[: allocator.blocks_for(seq.num_tokens)]
     descriptor = export_kv(kv_cache, blocks, seq.handoff)
     return HandoffResult(first_token=first_token, descriptor=descriptor, seed=seq.seed,
-                         num_cached_tokens=seq.num_cached_prompt)
+                         num_cached_tokens=seq.num_cached_prompt, first_logprob=first_logprob)
 
 
 def import_prefilled(allocator: BlockAllocator, kv_cache: KVCache, seq: Sequence, kv: memoryview) -> None:

@@ -1,15 +1,22 @@
-"""Sampling parameters and the sampler: greedy, temperature, top-k, top-p, seeded per request, the whole batch on
-its device."""
+"""Sampling parameters and the sampler: logit bias, greedy, temperature, top-k, top-p, seeded per request, and the
+log-probabilities a request asks for, the whole batch on its device."""
 
 from __future__ import annotations
 
 import hashlib
+import math
 import secrets
+from typing import Annotated, NamedTuple
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from engine.device import to_device
+
+
+MAX_TOP_LOGPROBS = 20  # as OpenAI's chat API; vLLM's default cap too
+MAX_LOGIT_BIAS = 1024  # entries per request: bounds the host work a request adds to every step it is in
+LOGPROB_FLOOR = -9999.0  # what a log-probability of zero probability (or a non-finite one) is reported as: JSON has no -inf
 
 
 class SamplingParams(BaseModel):
@@ -24,6 +31,28 @@ class SamplingParams(BaseModel):
     seed: int | None = Field(None, ge=-(2**63), lt=2**64, description="makes sampling reproducible per request (64 bits)")
     stop: list[str] = Field(default_factory=list, max_length=8, description="strings that end generation")
     ignore_eos: bool = Field(False, description="keep generating past end-of-sequence tokens")
+    logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS,
+                                 description="report each token's log-probability with this many most likely "
+                                             "alternatives; None = none")
+    logit_bias: dict[Annotated[int, Field(ge=0)], Annotated[float, Field(ge=-100.0, le=100.0)]] = Field(
+        default_factory=dict, max_length=MAX_LOGIT_BIAS, description="token id -> added to its logit before sampling")
+
+
+class Logprob(NamedTuple):
+    """One generated token's log-probability and the most likely alternatives at its step, most likely first.
+
+    From the distribution the token was drawn from: the logits with the request's bias, divided by its
+    temperature (1 for a greedy request), before top-k and top-p cut it."""
+
+    logprob: float
+    top: list[tuple[int, float]]
+
+
+class Sampled(NamedTuple):
+    """One row's outcome: its token, None when the row had no valid distribution; its Logprob when asked for."""
+
+    token: int | None
+    logprob: Logprob | None
 
 
 # Below this a temperature scales logits past float range (inf / inf = NaN); the distribution it asks for
@@ -55,15 +84,17 @@ def step_uniform(seed: int, step: int) -> float:
 
 
 def sample(logits: torch.Tensor, params: list[SamplingParams], seeds: list[int | None],
-           steps: list[int]) -> list[int | None]:
-    """One token per row of fp32 `logits` [B, vocab]; None for a row with no valid distribution (its
-    logits are not finite), so that request fails alone and the rest of the batch goes on.
-    `seeds[i]` (from resolve_seed) and `steps[i]` (tokens row i generated so far) pick its draw.
+           steps: list[int]) -> list[Sampled]:
+    """One token per row of fp32 `logits` [B, vocab], with its log-probabilities when the row's request asks;
+    token None for a row with no valid distribution (its logits are not finite), so that request fails alone
+    and the rest of the batch goes on. `seeds[i]` (from resolve_seed) and `steps[i]` (tokens row i generated so
+    far) pick its draw.
 
-    The whole batch is sampled on the logits' device and its ids and validity come to the host in one
-    transfer: a per-row check or draw is one device sync per stream on a GPU.
+    The whole batch is sampled on the logits' device and everything the host needs (ids, validity,
+    log-probabilities) comes to it in one transfer: a per-row check or draw is one device sync per stream on a GPU.
     """
     device = logits.device
+    logits = _biased(logits, params)
     picked = logits.argmax(dim=-1)
     valid = torch.isfinite(logits.gather(1, picked.unsqueeze(1)).squeeze(1))
     rows = [i for i, p in enumerate(params) if not is_greedy(p)]
@@ -73,8 +104,62 @@ def sample(logits: torch.Tensor, params: list[SamplingParams], seeds: list[int |
         index = to_device(rows, torch.int64, device)
         picked = picked.index_copy(0, index, drawn)
         valid = valid.index_copy(0, index, drawn_valid)
-    ids, ok = torch.stack([picked, valid.to(picked.dtype)]).tolist()
-    return [i if good else None for i, good in zip(ids, ok)]
+    wanted = [i for i, p in enumerate(params) if p.logprobs is not None]
+    parts = [picked.double(), valid.double()]
+    if wanted:
+        parts += _logprobs(logits, picked, [params[i] for i in wanted], wanted)
+    host = torch.cat(parts).tolist()
+    n = len(params)
+    ids, ok = host[:n], host[n : 2 * n]
+    out = [Sampled(int(i) if good else None, None) for i, good in zip(ids, ok)]
+    if wanted:
+        k = min(max(params[i].logprobs for i in wanted), logits.shape[1])
+        chosen, top = host[2 * n : 2 * n + len(wanted)], host[2 * n + len(wanted):]
+        values, indices = top[: len(wanted) * k], top[len(wanted) * k :]
+        for j, row in enumerate(wanted):
+            alternatives = [(int(indices[j * k + a]), _reported(values[j * k + a])) for a in range(min(params[row].logprobs, k))]
+            out[row] = out[row]._replace(logprob=Logprob(_reported(chosen[j]), alternatives))
+    return out
+
+
+def _biased(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    """`logits` with each row's logit_bias added (a new tensor; the input unchanged when no row has a bias).
+    Ids past the vocabulary are skipped here: the servers refuse them with a 400 before they reach a batch."""
+    vocab = logits.shape[1]
+    rows, ids, bias = [], [], []
+    for i, p in enumerate(params):
+        for token, value in p.logit_bias.items():
+            if token < vocab:
+                rows.append(i)
+                ids.append(token)
+                bias.append(value)
+    if not rows:
+        return logits
+    device = logits.device
+    index = (to_device(rows, torch.int64, device), to_device(ids, torch.int64, device))
+    return logits.index_put(index, to_device(bias, logits.dtype, device), accumulate=True)
+
+
+def _logprobs(logits: torch.Tensor, picked: torch.Tensor, params: list[SamplingParams],
+              rows: list[int]) -> list[torch.Tensor]:
+    """For the `rows` that ask: the picked token's log-probability, then the top-k values and ids (k the largest
+    any of them asks for), flat, as float64 for the one host transfer (ids below 2^53 are exact in it)."""
+    device = logits.device
+    index = to_device(rows, torch.int64, device)
+    temperature = [1.0 if is_greedy(p) else p.temperature for p in params]
+    scores = logits.index_select(0, index) / to_device(temperature, torch.float32, device).unsqueeze(1)
+    logp = torch.log_softmax(scores.float(), dim=1)
+    chosen = logp.gather(1, picked.index_select(0, index).unsqueeze(1)).squeeze(1)
+    k = max(p.logprobs for p in params)
+    if k == 0:
+        return [chosen.double()]
+    top = torch.topk(logp, min(k, logp.shape[1]), dim=1)
+    return [chosen.double(), top.values.double().flatten(), top.indices.double().flatten()]
+
+
+def _reported(value: float) -> float:
+    """A log-probability as JSON can carry it: zero probability (and anything not finite) as LOGPROB_FLOOR."""
+    return value if math.isfinite(value) and value > LOGPROB_FLOOR else LOGPROB_FLOOR
 
 
 def _draw(logits: torch.Tensor, params: list[SamplingParams], uniforms: list[float],

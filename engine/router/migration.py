@@ -15,8 +15,8 @@ import time
 
 from engine.core.resume import TRACE_FIELD, Resume
 from engine.server.protocol import (
-    ChatChoice, ChatCompletionChunk, ChatCompletionResponse, ChatMessageOut, CompletionChoice, CompletionResponse,
-    Usage, usage,
+    ChatChoice, ChatCompletionChunk, ChatCompletionResponse, ChatLogprobs, ChatMessageOut, CompletionChoice,
+    CompletionLogprobs, CompletionResponse, Usage, usage,
 )
 
 
@@ -33,6 +33,10 @@ class StreamRecord:
         self.api, self.model = api, body.get("model", "")
         self.client_stream = bool(body.get("stream"))
         self.client_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        chat = api == "chat/completions"
+        self.wants_logprobs = bool(body.get("logprobs")) if chat else body.get("logprobs") is not None
+        self.chat_logprobs: list[dict] = []  # the chat API's entries so far, for a client that asked for no stream
+        self.completion_logprobs = CompletionLogprobs()  # the completions API's lists so far
         self.t0 = t0
         self.first: float | None = None  # when the first text reached the client
         self.end: float | None = None
@@ -113,7 +117,8 @@ class StreamRecord:
         else:
             text = choice.get("text") or ""
         reason = choice.get("finish_reason")
-        if not text and reason is None:
+        logprobs = self._logprobs(choice.get("logprobs"))
+        if not text and reason is None and not logprobs:
             return False
         if text:
             self.first = self.first or self.end
@@ -122,6 +127,27 @@ class StreamRecord:
         if reason is not None:
             self.finish_reason = reason
         return True
+
+    def _logprobs(self, logprobs: dict | None) -> bool:
+        """Record a choice's log-probabilities (True when it has some). The completions API's text offsets are
+        counted here over the whole request: each upstream counts from its own first token."""
+        if not isinstance(logprobs, dict):
+            return False
+        if self.api == "chat/completions":
+            content = logprobs.get("content") or []
+            self.chat_logprobs.extend(content)
+            return bool(content)
+        tokens = logprobs.get("tokens") or []
+        done = self.completion_logprobs
+        offsets = []
+        for token in tokens:
+            offsets.append(done.text_offset[-1] + len(done.tokens[-1]) if done.tokens else 0)
+            done.tokens.append(token)
+            done.text_offset.append(offsets[-1])
+        logprobs["text_offset"] = offsets
+        done.token_logprobs.extend(logprobs.get("token_logprobs") or [])
+        done.top_logprobs.extend(logprobs.get("top_logprobs") or [])
+        return bool(tokens)
 
     # ---- what goes on ------------------------------------------------------------------------------
     def resume(self) -> Resume:
@@ -155,12 +181,15 @@ class StreamRecord:
         """The whole answer, for a client that asked for no stream."""
         text, use = "".join(self.parts), self.final_usage()
         if self.api == "chat/completions":
+            logprobs = ChatLogprobs.model_validate({"content": self.chat_logprobs}) if self.wants_logprobs else None
             response = ChatCompletionResponse(
                 id=self.id or "", model=self.model, usage=use,
-                choices=[ChatChoice(message=ChatMessageOut(content=text), finish_reason=self.finish_reason)])
+                choices=[ChatChoice(message=ChatMessageOut(content=text), logprobs=logprobs,
+                                    finish_reason=self.finish_reason)])
         else:
-            response = CompletionResponse(id=self.id or "", model=self.model, usage=use,
-                                          choices=[CompletionChoice(text=text, finish_reason=self.finish_reason)])
+            response = CompletionResponse(id=self.id or "", model=self.model, usage=use, choices=[
+                CompletionChoice(text=text, logprobs=self.completion_logprobs if self.wants_logprobs else None,
+                                 finish_reason=self.finish_reason)])
         if self.created is not None:
             response.created = self.created
         return response.model_dump_json()

@@ -15,17 +15,19 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from engine.server.faults import FaultInjector
 from engine.core.llm_engine import LLMEngine
 from engine.core.outputs import RequestOutput, RequestStream
+from engine.core.sampling import Logprob
 from engine.server.standby import InstanceState, ServingSwitch
 from engine.server.admin_routes import admin_routes
 from engine.server.auth import BearerAuth, client_id, publish_openapi
 from engine.server.errors import APIError, error_response, install_error_handlers
 from engine.server.limits import DEFAULT_MAX_BODY_BYTES, BodyLimit
+from engine.server.logprobs import LogprobText
 from engine.core.resume import TRACE_FIELD, TRACE_HEADER, ResumeRequest
 from engine.server.pd_routes import pd_routes
 from engine.server.requests import check_model, check_token_ids, params_for, parse_body, prepare
 from engine.transfer import TransportKind
 from engine.server.protocol import (
-    ChatChoice, ChatCompletionChunk, ChatCompletionRequest, ChatCompletionResponse, ChatDelta, ChatMessageOut,
+    ChatChoice, ChatCompletionChunk, ChatLogprobs, ChatCompletionRequest, ChatCompletionResponse, ChatDelta, ChatMessageOut,
     ChatStreamChoice, CompletionChoice, CompletionRequest, CompletionResponse, ErrorDetail, ErrorResponse, ModelCard, ModelList,
     new_id, usage,
 )
@@ -95,31 +97,44 @@ def create_app(engine: LLMEngine, model_name: str, api_keys: list[str] | None = 
     async def models() -> ModelList:
         return ModelList(data=[ModelCard(id=model_name)])
 
+    logprob_text = LogprobText(engine.tokenizer)
+
     async def respond_completion(body: CompletionRequest, request: Request, stream: RequestStream, prompt: list[int]):
         rid = new_id("cmpl")
         if body.stream:
+            offset = 0  # characters of the tokens the chunks so far reported
+
             def chunk(out: RequestOutput) -> str:
+                nonlocal offset
+                logprobs = None
+                if out.logprobs is not None:
+                    logprobs = logprob_text.completion(out.token_ids, out.logprobs, offset)
+                    offset += sum(len(token) for token in logprobs.tokens)
                 return CompletionResponse(id=rid, model=model_name, choices=[
-                    CompletionChoice(text=out.text, finish_reason=_reason(out))]).model_dump_json(exclude_none=True)
+                    CompletionChoice(text=out.text, logprobs=logprobs, finish_reason=_reason(out))
+                ]).model_dump_json(exclude_none=True)
 
             def last(out: RequestOutput) -> str:
                 return CompletionResponse(id=rid, model=model_name, choices=[],
                                           usage=usage(out.prompt_tokens, out.completion_tokens)).model_dump_json()
 
             return _sse(engine, stream, None, chunk, last if body.include_usage else None, _trace(request, prompt))
-        text, out = await _collect(engine, stream, request)
-        return CompletionResponse(id=rid, model=model_name, choices=[CompletionChoice(text=text, finish_reason=_reason(out))],
-                                  usage=usage(out.prompt_tokens, out.completion_tokens))
+        text, out, tokens, logprobs = await _collect(engine, stream, request)
+        made = None if body.logprobs is None else logprob_text.completion(tokens, logprobs, 0)
+        return CompletionResponse(id=rid, model=model_name, usage=usage(out.prompt_tokens, out.completion_tokens),
+                                  choices=[CompletionChoice(text=text, logprobs=made, finish_reason=_reason(out))])
 
     async def respond_chat(body: ChatCompletionRequest, request: Request, stream: RequestStream, prompt: list[int]):
         rid = new_id("chatcmpl")
         if body.stream:
-            def make(delta: ChatDelta, reason: str | None) -> str:
+            def make(delta: ChatDelta, reason: str | None, logprobs: ChatLogprobs | None = None) -> str:
                 return ChatCompletionChunk(id=rid, model=model_name, choices=[
-                    ChatStreamChoice(delta=delta, finish_reason=reason)]).model_dump_json(exclude_none=True)
+                    ChatStreamChoice(delta=delta, logprobs=logprobs, finish_reason=reason)
+                ]).model_dump_json(exclude_none=True)
 
             def chunk(out: RequestOutput) -> str:
-                return make(ChatDelta(content=out.text), _reason(out))
+                logprobs = None if out.logprobs is None else logprob_text.chat(out.token_ids, out.logprobs)
+                return make(ChatDelta(content=out.text), _reason(out), logprobs)
 
             def last(out: RequestOutput) -> str:
                 return ChatCompletionChunk(id=rid, model=model_name, choices=[],
@@ -127,10 +142,11 @@ def create_app(engine: LLMEngine, model_name: str, api_keys: list[str] | None = 
 
             return _sse(engine, stream, make(ChatDelta(role="assistant", content=""), None), chunk,
                         last if body.include_usage else None, _trace(request, prompt))
-        text, out = await _collect(engine, stream, request)
+        text, out, tokens, logprobs = await _collect(engine, stream, request)
+        made = logprob_text.chat(tokens, logprobs) if body.logprobs else None
         return ChatCompletionResponse(
             id=rid, model=model_name, usage=usage(out.prompt_tokens, out.completion_tokens),
-            choices=[ChatChoice(message=ChatMessageOut(content=text), finish_reason=_reason(out))],
+            choices=[ChatChoice(message=ChatMessageOut(content=text), logprobs=made, finish_reason=_reason(out))],
         )
 
     @served.post("/v1/completions")
@@ -153,7 +169,7 @@ def create_app(engine: LLMEngine, model_name: str, api_keys: list[str] | None = 
         parsed = parse_body(body.api, body.request)
         check_model(parsed.model, model_name)
         check_token_ids(body.prompt_token_ids + body.resume.output_token_ids, engine.vocab_size)
-        params = params_for(parsed, len(body.prompt_token_ids), engine.max_model_len)
+        params = params_for(parsed, len(body.prompt_token_ids), engine)
         faults.check()
         stream = faults.slow(engine.stream(body.prompt_token_ids, params, resume=body.resume, client=client_id(request)))
         respond = respond_chat if body.api == "chat/completions" else respond_completion
@@ -181,14 +197,21 @@ def _reason(out: RequestOutput) -> str | None:
     return None if out.finish_reason is None else ("length" if out.finish_reason == "length" else "stop")
 
 
-async def _collect(engine: LLMEngine, stream: RequestStream, request: Request) -> tuple[str, RequestOutput]:
-    """Gather a whole response; a client that goes away cancels the request (frees its blocks)."""
+async def _collect(engine: LLMEngine, stream: RequestStream,
+                   request: Request) -> tuple[str, RequestOutput, list[int], list[Logprob]]:
+    """Gather a whole response: its text, last output, token ids and (when asked for) their Logprobs; a client that
+    goes away cancels the request (frees its blocks)."""
     watcher = asyncio.create_task(_abort_on_disconnect(engine, stream.request_id, request))
     parts: list[str] = []
+    tokens: list[int] = []
+    logprobs: list[Logprob] = []
     last: RequestOutput | None = None
     try:
         async for out in stream:
             parts.append(out.text)
+            if out.logprobs is not None:
+                tokens += out.token_ids
+                logprobs += out.logprobs
             last = out
     finally:
         watcher.cancel()
@@ -196,7 +219,7 @@ async def _collect(engine: LLMEngine, stream: RequestStream, request: Request) -
             engine.abort(stream.request_id)
     if last.error is not None:
         raise APIError(500, last.error, code="engine_error")
-    return "".join(parts), last
+    return "".join(parts), last, tokens, logprobs
 
 
 async def _abort_on_disconnect(engine: LLMEngine, request_id: str, request: Request) -> None:
@@ -240,7 +263,7 @@ def _sse(engine: LLMEngine, stream: RequestStream, first: str | None, chunk, las
                     yield f"data: {error.model_dump_json()}\n\n"
                     finished = True
                     break
-                if out.text or out.finished or (traced and out.token_ids):
+                if out.text or out.finished or out.logprobs or (traced and out.token_ids):
                     data = chunk(out)
                     if traced:
                         trace = {"token_ids": out.token_ids, "seed": out.seed}

@@ -65,14 +65,16 @@ class _Open:
             self.tokens.append(tok)
             if self.text.push(tok):
                 final = self.text.rest(self.tokens)
-                return self._made(out, out.token_ids[: i + 1], final, "stop"), out.finish_reason is None
+                return self._made(out, i + 1, final, "stop"), out.finish_reason is None
         reason = out.finish_reason
         text = self.text.delta() if reason is None else self.text.rest(self.tokens)
-        return self._made(out, out.token_ids, text, reason), False
+        return self._made(out, len(out.token_ids), text, reason), False
 
-    def _made(self, out: m.Output, tokens: list[int], text: str, reason: str | None) -> RequestOutput:
-        return RequestOutput(out.request_id, tokens, text, reason, out.prompt_tokens, len(self.tokens),
-                             out.cached_tokens, out.error, seed=out.seed)
+    def _made(self, out: m.Output, count: int, text: str, reason: str | None) -> RequestOutput:
+        """The client's output of the core's first `count` tokens."""
+        logprobs = None if out.logprobs is None else out.logprobs[:count]
+        return RequestOutput(out.request_id, out.token_ids[:count], text, reason, out.prompt_tokens, len(self.tokens),
+                             out.cached_tokens, out.error, seed=out.seed, logprobs=logprobs)
 
 
 class CoreClient:

@@ -49,7 +49,7 @@ def pd_routes(engine: LLMEngine, model_name: str, transport: TransportKind, resp
         parsed = parse_body("chat/completions" if "messages" in body.request else "completions", body.request)
         check_model(parsed.model, model_name)
         check_token_ids(body.prompt_token_ids + _resumed(body), engine.vocab_size)
-        params = params_for(parsed, len(body.prompt_token_ids), engine.max_model_len)
+        params = params_for(parsed, len(body.prompt_token_ids), engine)
         handoff = Handoff(sender, new_transfer_id())
         stream = engine.stream(body.prompt_token_ids, params, handoff=handoff, images=spliced(body), resume=body.resume,
                                client=client_id(request))
@@ -65,7 +65,7 @@ def pd_routes(engine: LLMEngine, model_name: str, transport: TransportKind, resp
         parsed = parse_body(body.api, body.request)
         check_model(parsed.model, model_name)
         check_token_ids(body.prompt_token_ids + _resumed(body), engine.vocab_size)
-        params = params_for(parsed, len(body.prompt_token_ids), engine.max_model_len)
+        params = params_for(parsed, len(body.prompt_token_ids), engine)
         images = spliced(body)
         started = time.monotonic()
         try:

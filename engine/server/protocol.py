@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationInfo, field_validator
 
-from engine.core.sampling import SamplingParams
+from engine.core.sampling import MAX_LOGIT_BIAS, MAX_TOP_LOGPROBS, SamplingParams
 from engine.tokenizer import ChatMessage, Text
 
 
@@ -21,7 +21,7 @@ TokenId = Annotated[StrictInt, Field(ge=0, le=MAX_TOKEN_ID)]
 # OpenAI fields this server does not implement, with the value that means "not asked for": any other value is a
 # 400 naming the field, never a 200 that silently means something else (a logit_bias that bans every token).
 UNSERVED_FIELDS: dict[str, tuple[Any, ...]] = {
-    "logprobs": (None, False, 0), "top_logprobs": (None, 0), "logit_bias": (None, {}), "best_of": (None, 1),
+    "best_of": (None, 1),
     "echo": (None, False), "suffix": (None, ""), "presence_penalty": (None, 0, 0.0),
     "frequency_penalty": (None, 0, 0.0), "tools": (None, []), "tool_choice": (None, "none"), "functions": (None, []),
     "function_call": (None, "none"), "response_format": (None, {"type": "text"}),
@@ -48,11 +48,10 @@ class _GenerationFields(BaseModel):
     stop: Text | list[Text] | None = Field(None, description="up to 8 strings that end generation")
     seed: StrictInt | None = Field(None, ge=-(2**63), lt=2**64, description="makes sampling reproducible (fits 64 bits)")
     ignore_eos: StrictBool = Field(False, description="extra: generate past end-of-sequence tokens")
+    logit_bias: dict[str, Number] | None = Field(
+        None, description=f"token id (as a string) -> bias in [-100, 100] added to its logit; at most {MAX_LOGIT_BIAS}")
 
     # refused unless unset (UNSERVED_FIELDS); declared so that a refusal names its field
-    logprobs: Any = Field(None, description="not served")
-    top_logprobs: Any = Field(None, description="not served")
-    logit_bias: Any = Field(None, description="not served")
     best_of: Any = Field(None, description="not served (n is 1)")
     echo: Any = Field(None, description="not served")
     suffix: Any = Field(None, description="not served")
@@ -71,6 +70,20 @@ class _GenerationFields(BaseModel):
             raise ValueError("not implemented by this server; leave it out or send its default")
         return None
 
+    @field_validator("logit_bias")
+    @classmethod
+    def _bias(cls, v: dict[str, float] | None) -> dict[str, float] | None:
+        if not v:
+            return v
+        if len(v) > MAX_LOGIT_BIAS:
+            raise ValueError(f"at most {MAX_LOGIT_BIAS} entries")
+        for key, bias in v.items():
+            if not (key.isascii() and key.isdigit() and int(key) <= MAX_TOKEN_ID):
+                raise ValueError(f"keys are token ids as strings of digits, not {key[:40]!r}")
+            if not -100.0 <= bias <= 100.0:
+                raise ValueError(f"the bias of token {key} is {bias}; biases lie in [-100, 100]")
+        return v
+
     @field_validator("stop")
     @classmethod
     def _stops(cls, v: str | list[str] | None) -> str | list[str] | None:
@@ -82,8 +95,14 @@ class _GenerationFields(BaseModel):
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         return SamplingParams(
             max_tokens=max_tokens, temperature=self.temperature, top_p=self.top_p, top_k=max(self.top_k, 0),
-            seed=self.seed, stop=stop, ignore_eos=self.ignore_eos,
+            seed=self.seed, stop=stop, ignore_eos=self.ignore_eos, logprobs=self.top_logprob_count,
+            logit_bias={int(token): bias for token, bias in (self.logit_bias or {}).items()},
         )
+
+    @property
+    def top_logprob_count(self) -> int | None:
+        """How many alternatives each token reports; None when the request wants no log-probabilities."""
+        raise NotImplementedError
 
     @property
     def include_usage(self) -> bool:
@@ -92,6 +111,20 @@ class _GenerationFields(BaseModel):
 
 class CompletionRequest(_GenerationFields):
     prompt: Text | list[TokenId] | list[Text] = Field(description="text, token ids, or a list holding one text")
+    logprobs: StrictInt | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS,
+                                       description="report each token's log-probability and this many alternatives")
+    top_logprobs: Any = Field(None, description="a chat field: completions take the count in logprobs")
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _chat_only(cls, v: Any) -> None:
+        if v is not None:
+            raise ValueError("a chat completions field; the completions API takes the count in logprobs")
+        return None
+
+    @property
+    def top_logprob_count(self) -> int | None:
+        return self.logprobs
 
     @field_validator("prompt")
     @classmethod
@@ -106,6 +139,20 @@ class CompletionRequest(_GenerationFields):
 class ChatCompletionRequest(_GenerationFields):
     messages: list[ChatMessage] = Field(min_length=1, description="the conversation so far")
     max_completion_tokens: StrictInt | None = Field(None, ge=1, description="newer name of max_tokens")
+    logprobs: StrictBool | None = Field(None, description="report each token's log-probability")
+    top_logprobs: StrictInt | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS,
+                                           description="alternatives reported per token; needs logprobs")
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _top_needs_logprobs(cls, v: int | None, info: ValidationInfo) -> int | None:
+        if v and not info.data.get("logprobs"):
+            raise ValueError("top_logprobs needs logprobs: true")
+        return v
+
+    @property
+    def top_logprob_count(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
 
 
 def _same(value: Any, unset: Any) -> bool:
@@ -127,10 +174,35 @@ def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:24]}"
 
 
+class CompletionLogprobs(BaseModel):
+    """The completions API's log-probabilities: lists with one entry per token."""
+
+    tokens: list[str] = Field(default_factory=list)
+    token_logprobs: list[float] = Field(default_factory=list)
+    top_logprobs: list[dict[str, float]] = Field(default_factory=list)
+    text_offset: list[int] = Field(default_factory=list, description="where each token starts in the generated text")
+
+
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+
+
+class TokenLogprob(TopLogprob):
+    """The chat API's entry for one generated token."""
+
+    top_logprobs: list[TopLogprob]
+
+
+class ChatLogprobs(BaseModel):
+    content: list[TokenLogprob] | None = None
+
+
 class CompletionChoice(BaseModel):
     index: int = 0
     text: str
-    logprobs: None = None
+    logprobs: CompletionLogprobs | None = None
     finish_reason: str | None = None
 
 
@@ -151,7 +223,7 @@ class ChatMessageOut(BaseModel):
 class ChatChoice(BaseModel):
     index: int = 0
     message: ChatMessageOut
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
 
 
@@ -172,7 +244,7 @@ class ChatDelta(BaseModel):
 class ChatStreamChoice(BaseModel):
     index: int = 0
     delta: ChatDelta
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
 
 

@@ -22,16 +22,22 @@ def prompt_ids(tokenizer: Tokenizer, body: Body) -> list[int]:
     return tokenizer.encode(body.prompt) if isinstance(body.prompt, str) else list(body.prompt)
 
 
-def params_for(body: Body, prompt_len: int, max_model_len: int) -> SamplingParams:
+def params_for(body: Body, prompt_len: int, engine) -> SamplingParams:
+    """Sampling params of a request to `engine` (an LLMEngine or CoreClient: its context and vocabulary)."""
     if isinstance(body, ChatCompletionRequest):
-        max_tokens = body.max_completion_tokens or body.max_tokens or max(max_model_len - prompt_len, 1)
+        max_tokens = body.max_completion_tokens or body.max_tokens or max(engine.max_model_len - prompt_len, 1)
     else:
         max_tokens = body.max_tokens or 16
     try:
-        return body.sampling_params(max_tokens)
+        params = body.sampling_params(max_tokens)
     except ValidationError as exc:
         message, param = validation_message(exc.errors())
         raise APIError(400, message, param, "invalid_value") from None
+    outside = next((t for t in params.logit_bias if t >= engine.vocab_size), None)
+    if outside is not None:
+        raise APIError(400, f"logit_bias names token id {outside}, outside the vocabulary [0, {engine.vocab_size})",
+                       param="logit_bias", code="invalid_value")
+    return params
 
 
 def check_model(requested: str, served: str) -> None:
@@ -52,7 +58,7 @@ def prepare(engine, model_name: str, body: Body) -> tuple[list[int], SamplingPar
     check_model(body.model, model_name)
     prompt = prompt_ids(engine.tokenizer, body)
     check_token_ids(prompt, engine.vocab_size)
-    return prompt, params_for(body, len(prompt), engine.max_model_len)
+    return prompt, params_for(body, len(prompt), engine)
 
 
 def parse_body(api: str, raw: dict) -> Body:

@@ -15,8 +15,10 @@ from engine.generate import generate
 from engine.group.backend import Phase
 from engine.group.manager import GroupState
 from engine.model import load_model
+from engine.core.engine_config import EngineConfig
+from engine.core.llm_engine import LLMEngine
 from engine.core.sampling import SamplingParams
-from engine.tokenizer import Tokenizer
+from engine.tokenizer import ChatMessage, Tokenizer
 
 PROMPTS = [("the pipeline " * (1 + i % 7)) + f"request {i}" for i in range(32)]
 MAX_TOKENS = [4 + (i * 5) % 20 for i in range(32)]
@@ -137,3 +139,33 @@ def test_member_that_cannot_start_fails_group_and_reaps_the_rest(groupset, make_
         assert all(m.phase in (Phase.FAILED, Phase.EXITED, Phase.READY, Phase.RUNNING) for m in group.status.members)
     finally:
         group.drain_and_stop(1)
+
+
+def test_logprobs_and_a_bias_cross_prefill_to_decode(groupset, make_spec, tiny_model_dir):
+    """The first token is drawn on prefill and reported by decode: its log-probabilities travel with the handoff."""
+    model, tok = load_model(tiny_model_dir), Tokenizer(tiny_model_dir)
+    messages = [{"role": "user", "content": "the pipeline request"}]
+    engine = LLMEngine(model, tok, EngineConfig(kv_cache_bytes=16 << 20))
+    engine.start()
+    try:  # the colocated engine's answer to the same prompt
+        prompt = tok.encode(tok.apply_chat_template([ChatMessage.model_validate(m) for m in messages]))
+        want = engine.generate([prompt], SamplingParams(max_tokens=6, ignore_eos=True, logprobs=2,
+                                                        logit_bias={100: 3.0}))[0]
+    finally:
+        engine.stop()
+    group = groupset.up(make_spec("pd-logprobs", prefill=1, transfer="shm"))
+    try:
+        assert group.wait_for({GroupState.READY, GroupState.FAILED}, 120) == GroupState.READY, group.status.events
+        client = openai.OpenAI(base_url=groupset.url + "/v1", api_key=groupset.client_key, max_retries=0, timeout=120)
+        args = dict(model="default", messages=messages, max_tokens=6, temperature=0, logprobs=True, top_logprobs=2,
+                    logit_bias={"100": 3}, extra_body={"ignore_eos": True})
+        whole = client.chat.completions.create(**args).choices[0].logprobs.content
+        streamed = [e for c in client.chat.completions.create(stream=True, **args)
+                    if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content]
+        for got in (whole, streamed):
+            assert [e.bytes for e in got] == [list(tok.token_bytes(t)) for t in want.token_ids]
+            assert [e.logprob for e in got] == pytest.approx([lp.logprob for lp in want.logprobs], abs=1e-4)
+            assert [[t.bytes for t in e.top_logprobs] for e in got] == [
+                [list(tok.token_bytes(t)) for t, _ in lp.top] for lp in want.logprobs]
+    finally:
+        group.drain_and_stop(5)

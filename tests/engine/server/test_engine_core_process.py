@@ -138,6 +138,29 @@ def test_a_stop_string_ends_the_request_in_the_core_too(member, reference, tiny_
     assert (after["running"], after["kv_blocks_free"]) == (0, free_before)  # not 2,000 tokens left running
 
 
+def test_logprobs_and_a_bias_cross_the_core_as_the_engine_made_them(member, reference, tiny_model_dir):
+    _, url = member
+    client = openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0, timeout=60)
+    prompt = reference.tokenizer.encode("the tide rises")
+    want = reference.generate([prompt], SamplingParams(max_tokens=8, ignore_eos=True, logprobs=3,
+                                                       logit_bias={100: 6.0}))[0]
+    expected = want.logprobs
+    got = client.completions.create(model=tiny_model_dir.name, prompt=prompt, max_tokens=8, temperature=0, logprobs=3,
+                                    logit_bias={"100": 6}, extra_body={"ignore_eos": True})
+    lp = got.choices[0].logprobs
+    assert got.choices[0].text == want.text and len(lp.token_logprobs) == len(expected) == 8
+    assert lp.token_logprobs == pytest.approx([e.logprob for e in expected], abs=1e-4)
+    for top, e in zip(lp.top_logprobs, expected):  # text -> value: two ids of one text keep the likelier
+        assert max(top.values()) == pytest.approx(e.top[0][1], abs=1e-4)
+        assert all(any(abs(v - w) < 1e-4 for _, w in e.top) for v in top.values())
+    early = reference.tokenizer.encode("stop early")  # a stop string ends the request in the API server
+    stop = reference.generate([early], SamplingParams(max_tokens=8, ignore_eos=True))[0].text[2:4]
+    cut = client.completions.create(model=tiny_model_dir.name, prompt=early, max_tokens=8, temperature=0, logprobs=0,
+                                    stop=[stop], extra_body={"ignore_eos": True})
+    assert cut.choices[0].finish_reason == "stop"
+    assert len(cut.choices[0].logprobs.tokens) == cut.usage.completion_tokens < 8
+
+
 # An API server process that submits one long request to a member's core, says so, and waits to be killed.
 API_SERVER_THAT_DIES = """
 import asyncio, sys

@@ -17,7 +17,7 @@ def test_degenerate_sampling_parameters_give_a_token_not_an_error():
     logits = torch.randn(3, 64)
     params = [SamplingParams(temperature=1e-300), SamplingParams(temperature=1.0, top_p=5e-324),
               SamplingParams(temperature=0.7, top_k=1)]
-    tokens = sample(logits, params, [resolve_seed(p) for p in params], [0] * len(params))
+    tokens = [s.token for s in sample(logits, params, [resolve_seed(p) for p in params], [0] * len(params))]
     best = logits.argmax(dim=-1).tolist()
     assert tokens == best  # each of these asks for the most likely token
 
@@ -26,7 +26,7 @@ def test_a_row_without_a_distribution_fails_alone():
     logits = torch.randn(3, 64)
     logits[1] = float("nan")
     params = [SamplingParams(temperature=0.8, seed=1), SamplingParams(temperature=0.8, seed=2), SamplingParams()]
-    tokens = sample(logits, params, [resolve_seed(p) for p in params], [0] * len(params))
+    tokens = [s.token for s in sample(logits, params, [resolve_seed(p) for p in params], [0] * len(params))]
     assert tokens[1] is None and isinstance(tokens[0], int) and tokens[2] == int(logits[2].argmax())
 
 

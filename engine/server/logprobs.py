@@ -1,0 +1,50 @@
+"""The log-probabilities a request asked for, in OpenAI's two shapes: the chat API's entry per token (text, bytes,
+log-probability, alternatives) and the completions API's parallel lists (with each token's offset in the text).
+
+The engine reports ids and numbers (engine.core.sampling.Logprob); the text of each id is made here, where the
+tokenizer is, by the process that answers the client.
+"""
+
+from __future__ import annotations
+
+from engine.core.sampling import Logprob
+from engine.server.protocol import ChatLogprobs, CompletionLogprobs, TokenLogprob, TopLogprob
+from engine.tokenizer import Tokenizer
+
+
+class LogprobText:
+    """Turns token ids and their Logprobs into the response shapes; one per app (the tokenizer caches token bytes)."""
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self.tokenizer = tokenizer
+
+    def text(self, token_id: int) -> str:
+        """A token's text; bytes that are part of a character show as U+FFFD (the `bytes` field has them whole)."""
+        return self.tokenizer.token_bytes(token_id).decode("utf-8", errors="replace")
+
+    def chat(self, token_ids: list[int], logprobs: list[Logprob]) -> ChatLogprobs:
+        return ChatLogprobs(content=[
+            TokenLogprob(**self._entry(token, lp.logprob), top_logprobs=[TopLogprob(**self._entry(t, v)) for t, v in lp.top])
+            for token, lp in zip(token_ids, logprobs)
+        ])
+
+    def completion(self, token_ids: list[int], logprobs: list[Logprob], offset: int) -> CompletionLogprobs:
+        """`offset`: characters of generated text before these tokens (a stream's earlier chunks)."""
+        texts = [self.text(token) for token in token_ids]
+        offsets = []
+        for text in texts:
+            offsets.append(offset)
+            offset += len(text)
+        return CompletionLogprobs(tokens=texts, token_logprobs=[lp.logprob for lp in logprobs], text_offset=offsets,
+                                  top_logprobs=[self._alternatives(lp) for lp in logprobs])
+
+    def _alternatives(self, logprob: Logprob) -> dict[str, float]:
+        """Text -> log-probability, most likely first; two ids with one text keep the likelier."""
+        alternatives: dict[str, float] = {}
+        for token, value in logprob.top:
+            alternatives.setdefault(self.text(token), value)
+        return alternatives
+
+    def _entry(self, token_id: int, logprob: float) -> dict:
+        raw = self.tokenizer.token_bytes(token_id)
+        return {"token": raw.decode("utf-8", errors="replace"), "logprob": logprob, "bytes": list(raw)}

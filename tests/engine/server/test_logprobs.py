@@ -1,0 +1,112 @@
+"""logprobs, top_logprobs and logit_bias through the official openai client: the numbers are transformers' for the
+same tokens, streamed and whole answers carry the same entries, a bias steers the batched sampler, and bad values
+are a 400 naming their field."""
+
+from __future__ import annotations
+
+import openai
+import pytest
+import torch
+import transformers
+
+from engine.tokenizer import ChatMessage, Tokenizer
+from tests.engine.server.conftest import API_KEY, MODEL
+
+MESSAGES = [{"role": "user", "content": "tell me about tides"}]
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key=API_KEY, max_retries=0, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def hf_logprobs(tiny_model_dir):
+    """token ids -> transformers' log-softmax at every position (the reference for what follows each prefix)."""
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32).eval()
+
+    def logprobs(ids: list[int]) -> torch.Tensor:
+        with torch.no_grad():
+            return torch.log_softmax(model(torch.tensor([ids])).logits[0].double(), dim=-1)
+
+    return logprobs
+
+
+def chat_prompt(tiny_model_dir) -> list[int]:
+    tok = Tokenizer(tiny_model_dir)
+    return tok.encode(tok.apply_chat_template([ChatMessage.model_validate(m) for m in MESSAGES]))
+
+
+def test_chat_logprobs_are_transformers_own_and_the_stream_carries_the_same(client, tiny_model_dir, hf_logprobs):
+    args = dict(model=MODEL, messages=MESSAGES, max_tokens=6, temperature=0, logprobs=True, top_logprobs=4,
+                extra_body={"ignore_eos": True})
+    whole = client.chat.completions.create(**args)
+    entries = whole.choices[0].logprobs.content
+    assert len(entries) == whole.usage.completion_tokens == 6
+    tok = Tokenizer(tiny_model_dir)
+    ids = chat_prompt(tiny_model_dir)
+    for entry in entries:  # transformers' greedy continuation, token by token
+        top = torch.topk(hf_logprobs(ids)[-1], 4)
+        ids.append(int(top.indices[0]))
+        assert entry.bytes == list(tok.token_bytes(ids[-1]))
+        assert [t.bytes for t in entry.top_logprobs] == [list(tok.token_bytes(t)) for t in top.indices.tolist()]
+        assert max(abs(t.logprob - v) for t, v in zip(entry.top_logprobs, top.values.tolist())) < 1e-3
+        assert abs(entry.logprob - top.values[0].item()) < 1e-3
+    streamed = [c.choices[0].logprobs for c in client.chat.completions.create(stream=True, **args) if c.choices]
+    assert [e for lp in streamed if lp for e in lp.content] == entries
+
+
+def test_completion_logprobs_are_lists_with_offsets_into_the_text(client):
+    whole = client.completions.create(model=MODEL, prompt="the tide", max_tokens=5, temperature=0.8, seed=9,
+                                      logprobs=2, extra_body={"ignore_eos": True})
+    choice = whole.choices[0]
+    lp = choice.logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp.text_offset) == 5
+    assert "".join(lp.tokens) == choice.text
+    assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(5)]
+    assert all(len(top) <= 2 and all(v <= 0 for v in top.values()) for top in lp.top_logprobs)
+    assert all(v <= max(top.values()) + 1e-6 for v, top in zip(lp.token_logprobs, lp.top_logprobs))
+    streamed = client.completions.create(model=MODEL, prompt="the tide", max_tokens=5, temperature=0.8, seed=9,
+                                         logprobs=2, extra_body={"ignore_eos": True}, stream=True)
+    chunks = [c.choices[0].logprobs for c in streamed if c.choices and c.choices[0].logprobs]
+    assert [t for c in chunks for t in c.tokens] == lp.tokens
+    assert [o for c in chunks for o in c.text_offset] == lp.text_offset
+    plain = client.completions.create(model=MODEL, prompt="the tide", max_tokens=5, temperature=0.8, seed=9,
+                                      extra_body={"ignore_eos": True})
+    assert plain.choices[0].logprobs is None and plain.choices[0].text == choice.text  # asking changes no token
+
+
+def test_a_bias_that_bans_every_token_but_one_leaves_that_one(client, tiny_model_dir):
+    tok = Tokenizer(tiny_model_dir)
+    kept = tok.encode(" tide")[-1]
+    bias = {str(t): -100 for t in range(tok.vocab_size) if t != kept}
+    for temperature in (0, 1.0):
+        got = client.completions.create(model=MODEL, prompt="hello", max_tokens=4, temperature=temperature,
+                                        logit_bias=bias, logprobs=1, extra_body={"ignore_eos": True})
+        assert got.choices[0].text == tok.decode([kept] * 4)
+        assert all(abs(v) < 1e-3 for v in got.choices[0].logprobs.token_logprobs)  # all the mass is on it
+    favoured = client.completions.create(model=MODEL, prompt="hello", max_tokens=3, temperature=0,
+                                         logit_bias={str(kept): 100}, extra_body={"ignore_eos": True})
+    assert favoured.choices[0].text == tok.decode([kept] * 3)
+
+
+@pytest.mark.parametrize("api,extra,field", [
+    ("completions", {"logit_bias": {"512": 1}}, "logit_bias"),  # the tiny vocabulary holds 512
+    ("completions", {"logit_bias": {"-1": 1}}, "logit_bias"),
+    ("completions", {"logit_bias": {"5": 100.5}}, "logit_bias"),
+    ("completions", {"logit_bias": {"5": "1"}}, "logit_bias"),
+    ("completions", {"logprobs": 21}, "logprobs"),
+    ("completions", {"logprobs": True}, "logprobs"),
+    ("completions", {"top_logprobs": 2}, "top_logprobs"),
+    ("chat", {"top_logprobs": 2}, "top_logprobs"),
+    ("chat", {"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+    ("chat", {"logprobs": 1}, "logprobs"),
+    ("completions", {"best_of": 2}, "best_of"),
+])
+def test_bad_values_are_a_400_naming_the_field(client, api, extra, field):
+    with pytest.raises(openai.BadRequestError) as caught:
+        if api == "chat":
+            client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=2, extra_body=extra)
+        else:
+            client.completions.create(model=MODEL, prompt="hi", max_tokens=2, extra_body=extra)
+    assert caught.value.body["param"].split(".")[0] == field, caught.value.body
