@@ -36,6 +36,8 @@ def add_commands(subparsers) -> None:
     p.add_argument("--lone-arrival-ms", type=float,
                    help="an arrival with no other in the last this many ms skips the window (0: every window waits)")
     p.add_argument("--max-queue", type=int)
+    p.add_argument("--max-client-tokens", type=int,
+                   help="most prompt + max_tokens one client (API key) may have open here (429 beyond); 0 = no cap")
     p.add_argument("--no-prefix-cache", action="store_true", help="do not reuse KV blocks of shared prompt prefixes")
     p.add_argument("--scheduling", choices=["fair", "fcfs"],
                    help="fair (default): clients (API keys) share steps, slots and KV by tokens served; fcfs: arrival order")
@@ -74,7 +76,7 @@ def engine_config(args: argparse.Namespace):
     from engine.core.engine_config import EngineConfig
 
     names = ("max_num_seqs", "max_batch_tokens", "kv_cache_bytes", "kv_cache_fraction", "block_size", "max_wait_ms",
-             "lone_arrival_ms", "max_queue", "scheduling", "dtype", "device")
+             "lone_arrival_ms", "max_queue", "max_client_tokens", "scheduling", "dtype", "device")
     given = {n: getattr(args, n) for n in names if getattr(args, n) is not None}
     if args.no_prefix_cache:
         given["enable_prefix_cache"] = False

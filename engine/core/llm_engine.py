@@ -23,6 +23,7 @@ import torch
 
 from engine.device import to_device
 from engine.encoder.prompt import block_extras, step_embeds
+from engine.core.client_tokens import ClientTokens
 from engine.core.engine_config import EngineConfig
 from engine.encoder.splice import SplicedPrompt
 from engine.errors import TideflowError
@@ -79,6 +80,7 @@ class _Request:
     text: RequestText | None  # None when the API process makes the text (engine/core/core_process.py)
     imported: _Import | None = None
     spliced: SplicedPrompt | None = None  # a prompt with images: embeddings for the image positions
+    open_tokens: int = 0  # what it counts against its client's cap (ClientTokens) until it leaves the engine
     first_token_at: float | None = None
     last_token_at: float | None = None
 
@@ -119,6 +121,7 @@ class LLMEngine:
         self._calls_open = False  # True while the engine thread takes calls
         self._calls_lock = threading.Lock()
         self._submit_lock = threading.Lock()
+        self.client_tokens = ClientTokens(config.max_client_tokens or None)
         self.failure: str | None = None  # why the engine thread ended on an error; new requests get it
         self.on_failure: Callable[[str], None] | None = None  # called once its requests have failed (serve exits)
         self._wake = threading.Event()
@@ -221,6 +224,13 @@ class LLMEngine:
                 raise EngineError(self.failure)
             if self.num_queued >= self.config.max_queue:
                 raise QueueFull(f"the queue holds {self.config.max_queue} waiting requests; retry later")
+            seq = req.seq
+            tokens = len(seq.prompt_tokens) + seq.params.max_tokens
+            held = self.client_tokens.take(seq.client, tokens)
+            if held is not None:
+                raise QueueFull(f"this API key has {held} tokens (prompt + max_tokens) open on this server and may have "
+                                f"{self.config.max_client_tokens}; this request adds {tokens}: wait for some to finish")
+            req.open_tokens = tokens
             self._adds.append(req)
         self._wake.set()
         return req.seq.request_id
@@ -387,7 +397,7 @@ class LLMEngine:
         while self._aborts:
             request_id = self._aborts.popleft()
             seq = self.scheduler.abort(request_id)
-            req = self._requests.pop(request_id, None)
+            req = self._forget(request_id)
             if seq is not None and req is not None:
                 self.metrics.requests.labels("aborted").inc()
                 req.sink(self._output(req, [], "", "abort"))
@@ -428,7 +438,7 @@ class LLMEngine:
             return
         self.metrics.ttft.observe(now - seq.arrival)
         self.scheduler.finish(seq, "handoff")
-        del self._requests[seq.request_id]
+        self._forget(seq.request_id)
         self.metrics.requests.labels("handoff").inc()
         out = self._output(req, [], "", "handoff")
         out.handoff = result
@@ -496,7 +506,7 @@ class LLMEngine:
         if not new:
             seq.output_tokens.pop()
         self.scheduler.finish(seq, reason)
-        del self._requests[seq.request_id]
+        self._forget(seq.request_id)
         n = len(seq.output_tokens)
         m.e2e.observe(now - seq.arrival)
         if n > 1:
@@ -504,8 +514,20 @@ class LLMEngine:
         m.requests.labels(reason).inc()
         req.sink(self._output(req, new, final, reason, logprobs=logprobs if new else None))
 
+    def _forget(self, request_id: str) -> _Request | None:
+        """A request leaves the engine: its tokens no longer count against its client."""
+        req = self._requests.pop(request_id, None)
+        if req is not None:
+            self._release(req)
+        return req
+
+    def _release(self, req: _Request) -> None:
+        self.client_tokens.give(req.seq.client, req.open_tokens)
+        req.open_tokens = 0
+
     def _fail(self, req: _Request, why: str) -> None:
         self._requests.pop(req.seq.request_id, None)
+        self._release(req)  # also a request that never reached the engine thread (it stopped first)
         self.metrics.requests.labels("error").inc()
         req.sink(self._output(req, [], "", "error", error=why))
 

@@ -28,6 +28,8 @@ def serve_argv(group: InferenceGroup, spec: RoleSpec, *, model: str, host: str, 
         args.append("--no-prefix-cache")
     if e.scheduling != type(e).model_fields["scheduling"].default:
         args += ["--scheduling", e.scheduling]
+    if e.max_client_tokens != type(e).model_fields["max_client_tokens"].default:
+        args += ["--max-client-tokens", str(e.max_client_tokens)]
     if e.kv_cache_bytes is not None:
         args += ["--kv-cache-bytes", str(e.kv_cache_bytes)]
     if e.kv_cache_fraction is not None:

@@ -194,15 +194,19 @@ def test_a_member_computes_on_its_cpu_share_rounded_up(cpu, threads):
     assert argv[argv.index("--threads") + 1] == str(threads), "both backends start the member with its share"
 
 
-@pytest.mark.parametrize("lone_ms", [None, 0.0, 5.0])
-def test_a_member_is_started_with_the_group_s_shuttle_rule(lone_ms):
-    """The argv carries lone_arrival_ms when the spec changes it, and serve parses it into the engine config."""
-    engine = {} if lone_ms is None else {"lone_arrival_ms": lone_ms}
+@pytest.mark.parametrize("field,value,default", [
+    ("lone_arrival_ms", None, 20.0), ("lone_arrival_ms", 0.0, None), ("lone_arrival_ms", 5.0, None),
+    ("max_client_tokens", None, 65536), ("max_client_tokens", 0, None), ("max_client_tokens", 4096, None),
+    ("scheduling", "fcfs", None),
+])
+def test_a_member_is_started_with_the_group_s_engine_knobs(field, value, default):
+    """The argv carries a knob when the spec changes it, and serve parses it into the engine config."""
+    engine = {} if value is None else {field: value}
     group = InferenceGroup.model_validate(pd(roles=[{"role": "colocated", "engine": engine}]))
     argv = serve_argv(group, group.role("colocated"), model="/m", host="127.0.0.1", port=1, served_name="m")
     parser = argparse.ArgumentParser()
     add_commands(parser.add_subparsers())
-    assert engine_config(parser.parse_args(argv)).lone_arrival_ms == (20.0 if lone_ms is None else lone_ms)
+    assert getattr(engine_config(parser.parse_args(argv)), field) == (default if value is None else value)
 
 
 def test_a_role_may_run_its_engine_core_apart_where_it_can():
