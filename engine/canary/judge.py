@@ -20,7 +20,17 @@ its evidence, valid however often the judge looks during a hold.
   that metric's share of alpha,
   without the loss of a Bonferroni split over looks. At the horizon the verdict is final: "pass" when
   nothing failed.
-- No data, no pass: a metric with fewer than `min_samples` on either side is "inconclusive".
+- No data, no pass: a metric with fewer than `min_samples` on either side is "inconclusive". One that had too
+  few when the horizon was reached gets its one test, at the last look's level, once it has them.
+- A TPOT is measured only where the tokens after the first reached the router spread out: the router's TPOT of
+  a request is the span of its reads of the upstream events / (tokens - 1), so a request whose events came in
+  one burst (its member's event loop, or the router, off the CPU while the engine decoded the whole answer)
+  reads 20-60 us, the router's parse time per event, not a decode pace. Such bursts come in episodes of one
+  member process; on shared cores a quarter of all requests may be bursts and, within a second, most of one
+  group's and few of the other's: a log-scale rank test then reads a 10-50x shift between identical groups.
+  TPOTs under `tpot_floor_s` (no engine decodes a token in 100 us) are therefore left out of the TPOT test,
+  as a one-token answer's is; so a side in a burst episode has fewer TPOTs, never a false 50x. Those requests'
+  TTFT and end-to-end latency stay judged and carry any delay (in a burst the TTFT spans the whole decode).
 
 Normal approximations (the U statistic's null distribution) are good from about 20 samples a side, which is
 why `min_samples` defaults to 20.
@@ -63,6 +73,8 @@ class JudgeConfig(BaseModel):
     min_samples: int = Field(20, ge=5, description="samples per side before a metric can pass (fewer: inconclusive)")
     horizon: int = Field(300, ge=20, description="canary samples over which a step's alpha is spent; the verdict "
                                                  "is final there")
+    tpot_floor_s: float = Field(1e-4, ge=0, description="a TPOT under this is a burst delivery (all the tokens after "
+                                                       "the first read at once), not a decode pace: not measured")
 
     def margin(self, metric: str) -> float:
         return getattr(self, f"{metric}_margin")
@@ -282,8 +294,10 @@ class SequentialJudge:
             self._looks += (t,)
             for alpha in set(self.alpha_of.values()):
                 self._boundaries[alpha] = next_boundary(alpha, self._looks, self._boundaries.get(alpha))
-        elif self._last and len(canary) >= self.config.min_samples:
+        elif self._last and len(canary) >= self.config.min_samples and self._looks[-1] < 1.0:
             return self._last  # no new canary request since the last look: nothing new to spend
+        # past the horizon no look is added: the final verdicts stand, and a metric that had too few samples
+        # for its test gets that one test (at the last look's level) once it has them
         looking = bool(self._looks) and len(canary) >= self.config.min_samples
         out = []
         for metric in METRICS:
@@ -295,19 +309,26 @@ class SequentialJudge:
         self._last = out
         return out
 
+    def _measured(self, metric: str, samples: Samples) -> np.ndarray:
+        """The latencies the test compares: without the TPOTs of burst deliveries (see the module's notes)."""
+        values = samples.latencies(metric)
+        return values[values >= self.config.tpot_floor_s] if metric == "tpot" else values
+
     def _look_metric(self, metric: str, canary: Samples, baseline: Samples, level: float, bounds: bool) -> MetricVerdict:
         c = self.config
         if metric == "errors":
             cv, bv, margin = canary.ok, baseline.ok, c.error_ratio
         else:
-            cv, bv, margin = canary.latencies(metric), baseline.latencies(metric), c.margin(metric)
+            cv, bv, margin = self._measured(metric, canary), self._measured(metric, baseline), c.margin(metric)
         n, m = len(cv), len(bv)
         t = self._looks[-1] if self._looks else 0.0
         common = dict(step=self.step, metric=metric, canary_n=n, baseline_n=m, margin=margin,
                       alpha_spent=spending(self.alpha_of[metric], t))
         if n < c.min_samples or m < c.min_samples or level <= 0.0:
-            return MetricVerdict(**common, verdict="inconclusive", why=f"fewer than {c.min_samples} samples a side",
-                                 alpha_look=0.0)
+            why = f"fewer than {c.min_samples} samples a side"
+            if metric == "tpot":
+                why += f" (TPOTs under {c.tpot_floor_s * 1e6:g} us are burst deliveries, not measured)"
+            return MetricVerdict(**common, verdict="inconclusive", why=why, alpha_look=0.0)
         if metric == "errors":
             e = error_test(n - int(cv.sum()), n, m - int(bv.sum()), m, c.error_ratio, c.error_excess, level)
             fail, clear, est, low, high, p = e.fail, e.clear_pass, e.estimate, e.low, e.high, e.p_value

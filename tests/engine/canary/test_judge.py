@@ -14,6 +14,7 @@ from scipy import stats
 from engine.canary.judge import (JudgeConfig, Samples, SequentialJudge, error_test, look_level, shift_test, spending,
                                  step_verdict)
 from engine.router.samples import Sample
+from harness.canary import SHARED_CORES_JUDGE as SHARED
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))
 from canary_judge import SCENARIOS, simulate  # noqa: E402
@@ -92,3 +93,58 @@ def test_a_long_schedule_of_looks_needs_no_deep_recursion():
     looks = tuple(round((i + 1) / 1100, 6) for i in range(1100))
     level = look_level(0.01, looks)
     assert 0 < level < 0.01
+
+
+def _requests(rng: np.random.Generator, n: int, tpot: np.ndarray) -> Samples:
+    """n successful 8-token requests as the router samples them: TTFT, that TPOT, e2e = TTFT + 7 TPOT."""
+    ttft = 0.015 * rng.lognormal(0, 0.3, n)
+    return Samples(np.ones(n, bool), ttft, tpot, ttft + 7 * tpot)
+
+
+def _paced(rng: np.random.Generator, n: int, scale: float = 0.0025) -> np.ndarray:
+    return scale * rng.lognormal(0, 0.4, n)
+
+
+def _bursts(rng: np.random.Generator, n: int) -> np.ndarray:
+    """What the router reads when a request's events came in one read: its parse time per event (20-60 us)."""
+    return rng.uniform(20e-6, 60e-6, n)
+
+
+def test_burst_delivered_tpots_do_not_fail_an_identical_canary():
+    """The flake of test_a_healthy_canary_passes_and_is_promoted (TPOT +991 %, stopped early at 1.3 s): in one
+    second the stable member delivered most answers in one burst (TPOT ~40 us), the canary's member paced them
+    (~2.5 ms); 70 % against 10 % bursts, as a recorded reproduction had at its failing look (69 % against 16 %).
+    Both groups decode alike; counting bursts as TPOTs fails the canary at the first look."""
+    rng = np.random.default_rng(5)
+    canary = _requests(rng, 50, np.concatenate([_paced(rng, 45), _bursts(rng, 5)]))
+    baseline = _requests(rng, 50, np.concatenate([_paced(rng, 15), _bursts(rng, 35)]))
+    counted = SequentialJudge(SHARED.model_copy(update={"tpot_floor_s": 0.0})).look(canary, baseline)
+    tpot = next(v for v in counted if v.metric == "tpot")
+    assert tpot.verdict == "fail" and tpot.estimate > 5, tpot  # the mechanism: bursts read as a >5x slower canary
+    judge = SequentialJudge(SHARED)
+    first = {v.metric: v for v in judge.look(canary, baseline)}
+    assert first["tpot"].verdict == "inconclusive" and first["tpot"].baseline_n == 15  # not a pass without 20 a side
+    assert {m: v.verdict for m, v in first.items() if m != "tpot"} == {"ttft": "pass", "e2e": "pass", "errors": "pass"}
+    # past the horizon the TPOT gets its one test once the baseline has 20 paced requests
+    more = _requests(rng, 20, np.concatenate([_paced(rng, 10), _bursts(rng, 10)]))
+    grown = Samples(*(np.concatenate([getattr(baseline, f), getattr(more, f)]) for f in ("ok", "ttft", "tpot", "e2e")))
+    later = {v.metric: v for v in judge.look(canary, grown)}
+    assert later["tpot"].verdict == "pass" and later["tpot"].baseline_n == 25
+    assert step_verdict(list(later.values())) == "pass"
+    assert judge.look(canary, grown) == list(later.values())  # final: nothing re-tested
+
+
+def test_a_slow_canary_still_fails_on_tpot_against_a_bursty_baseline():
+    """Dropping bursts cannot hide a slow decode: a canary 4x slower per token (paced) fails TPOT at the first
+    look with the shared-cores margins, whether the baseline's bursts are counted or not; and a canary whose
+    every answer came in a burst has no TPOT evidence, so its TPOT cannot pass."""
+    rng = np.random.default_rng(6)
+    baseline = _requests(rng, 50, np.concatenate([_paced(rng, 24), _bursts(rng, 26)]))
+    slow = _requests(rng, 40, _paced(rng, 40, scale=0.010))
+    verdicts = {v.metric: v for v in SequentialJudge(SHARED).look(slow, baseline)}
+    assert verdicts["tpot"].verdict == "fail" and verdicts["tpot"].ci_low > 1.0, verdicts["tpot"]
+    shipped = {v.metric: v for v in SequentialJudge(JudgeConfig(horizon=30)).look(slow, baseline)}
+    assert shipped["tpot"].verdict == "fail"
+    bursting = _requests(rng, 40, _bursts(rng, 40))
+    verdicts = {v.metric: v for v in SequentialJudge(SHARED).look(bursting, baseline)}
+    assert verdicts["tpot"].verdict == "inconclusive" and verdicts["tpot"].canary_n == 0
