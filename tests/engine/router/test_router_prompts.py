@@ -11,13 +11,16 @@ import logging
 import socket
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+import engine.router.app as app_module
 import engine.router.prompt as prompt_module
+import engine.router.proxy as proxy_module
 from engine.router.app import create_router_app
 from engine.router.config import RouterConfig
 from engine.router.cpu_pool import CpuPool
@@ -102,6 +105,43 @@ def test_prompts_are_prepared_on_the_router_s_worker_threads(router, monkeypatch
     r = router.post("/v1/completions", json={"model": "default", "prompt": "hello there", "max_tokens": 2})
     assert r.status_code == 400 and "prefill reached" in r.text  # past every check of the router
     assert seen and all(name.startswith("router-cpu") for name in seen), seen
+
+
+SMALL = {"model": "default", "prompt": "hello there", "max_tokens": 2}
+LARGE = {"model": "default", "prompt": "word " * 20_000, "max_tokens": 2}  # a body past INLINE_BYTES
+
+
+@pytest.mark.parametrize("module, step, body, answer", [
+    (app_module, "_parse", LARGE, "exceeds the model's context of 4096 tokens"),
+    (prompt_module, "prompt_ids", SMALL, "prefill reached"),  # templating and tokenizing
+    (proxy_module, "_block_hashes", SMALL, "prefill reached"),
+    (proxy_module, "_json", SMALL, "prefill reached"),  # the prefill body
+], ids=["parse", "tokenize", "hash", "serialize"])
+def test_health_is_answered_while_a_prompt_is_stuck_in_its_preparation(router, monkeypatch, module, step, body,
+                                                                       answer):
+    """Each step of a prompt's preparation is held until /health has answered: were the step on the event loop,
+    the loop would wait with it and the probe would time out (as a 7 MB prompt once stalled every client)."""
+    entered, release = threading.Event(), threading.Event()
+    real = getattr(module, step)
+
+    def held(*args):
+        if not entered.is_set():  # the first call only: the test's one request
+            entered.set()
+            release.wait(30)
+        return real(*args)
+
+    monkeypatch.setattr(module, step, held)
+    with ThreadPoolExecutor(1) as sender, httpx.Client(base_url=router.base_url, headers=router.headers,
+                                                       trust_env=False, timeout=60) as client:
+        pending = sender.submit(client.post, "/v1/completions", json=body)
+        try:
+            assert entered.wait(10), f"the request never reached {step}: {pending.result(timeout=10).text}"
+            assert router.get("/health", timeout=5).json() == {"status": "alive"}
+            assert router.get("/v1/models").status_code == 200  # other clients too
+        finally:
+            release.set()
+        r = pending.result(timeout=30)
+    assert r.status_code == 400 and answer in r.json()["error"]["message"], r.text  # and went on once let go
 
 
 def test_a_model_id_is_echoed_clipped(router):
