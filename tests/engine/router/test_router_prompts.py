@@ -27,6 +27,7 @@ from engine.router.cpu_pool import CpuPool
 from engine.server.auth import CLIENT_HEADER, key_digest
 from engine.server.errors import APIError
 from engine.server.inproc import serve_in_thread
+from engine.server.protocol import MAX_MESSAGES, ChatCompletionRequest
 
 CLIENT, ADMIN = "client-key", "admin-key"
 
@@ -81,6 +82,32 @@ def test_a_prompt_that_cannot_fit_is_refused_by_the_router_with_the_real_limit(r
     r = router.post("/v1/chat/completions", json={"model": "default", "max_tokens": 4,
                                                   "messages": [{"role": "user", "content": "hi there " * 2000}]})
     assert r.status_code == 400 and "exceeds the model's context of" in r.json()["error"]["message"], r.text
+
+
+@pytest.mark.parametrize("count, content, needle", [
+    (100_000, "hi", "at most 8192 messages are served, not 100000"),
+    (8_000, [{"type": "text", "text": "hi"}] * 3, "at most 8192 content parts are served in all, not 24000"),
+])
+def test_a_chat_body_of_too_many_messages_is_refused_before_one_is_built(router, monkeypatch, count, content, needle):
+    """10^5 messages went through validation, templating and tokenization (objects whose collections stalled the
+    router's loop for 0.8 s) before the context check refused them."""
+    monkeypatch.setattr(ChatCompletionRequest, "model_validate_json", _never)
+    messages = [{"role": "user", "content": content}] * count
+    r = router.post("/v1/chat/completions", json={"model": "default", "max_tokens": 2, "messages": messages})
+    assert r.status_code == 400 and needle in r.json()["error"]["message"], r.text
+    assert r.json()["error"]["param"] == "messages"
+
+
+def _never(*args, **kwargs):
+    raise AssertionError("validated a body its size check should have refused")
+
+
+def test_a_chat_body_at_the_message_bound_is_validated_as_any_other(router):
+    messages = [{"role": "user", "content": "hi"}] * MAX_MESSAGES
+    r = router.post("/v1/chat/completions", json={"model": "default", "max_tokens": 2, "messages": messages})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded", r.text
+    r = router.post("/v1/chat/completions", json={"model": "default", "messages": [{"role": "user", "content": 5}]})
+    assert r.status_code == 400 and r.json()["error"]["param"].startswith("messages.0.content"), r.text
 
 
 @pytest.mark.parametrize("ids, needle", [
