@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import statistics
 import sys
 import tempfile
@@ -29,7 +28,7 @@ import numpy as np
 import openai
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import print_table  # noqa: E402
+from common import host, print_table  # noqa: E402
 
 from engine.default_model import DEFAULT_CONFIG, write_default_model  # noqa: E402
 from engine.drills.workload import PromptSynthesizer  # noqa: E402
@@ -118,7 +117,7 @@ def main() -> int:
     ap.add_argument("--clients", type=int, default=4)
     ap.add_argument("--short-prompt", type=int, default=64)
     ap.add_argument("--short-output", type=int, default=16)
-    ap.add_argument("--unloaded-requests", type=int, default=5)
+    ap.add_argument("--unloaded-requests", type=int, default=10)
     ap.add_argument("--window-s", type=float, default=30.0)
     args = ap.parse_args()
 
@@ -140,7 +139,7 @@ def main() -> int:
                          f"{p50 * 1000:.0f} / {pct(ttfts, 0.99) * 1000:.0f} / {max(ttfts) * 1000:.0f}",
                          f"{p50 / p50_0:.1f}x", len(ttfts), f"{flood_rate:.0f}", f"{short_rate:.0f}"])
             print(f"{policy}: done", file=sys.stderr, flush=True)
-    print(f"host: {os.cpu_count()} cores; flood {args.flood} x {args.flood_prompt} in / {args.flood_output} out, "
+    print(f"host: {host()}; flood {args.flood} x {args.flood_prompt} in / {args.flood_output} out, "
           f"{args.clients} clients x {args.short_prompt} in / {args.short_output} out, window {args.window_s:g} s")
     print_table(["scheduling", "others' TTFT unloaded p50 / p99 ms", "loaded p50 / p99 / max ms",
                  "p50 loaded / unloaded", "short requests", "flood tok/s", "others tok/s"], rows)

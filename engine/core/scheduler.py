@@ -45,7 +45,7 @@ class StepPlan:
 
 
 RECENT_S = 5.0  # a client that had work this recently still counts when a step's prefill is shared
-MAX_SHARES = 8  # a client's prefill share of a step is never below 1/8 of it, however many clients were about
+MAX_SHARES = 16  # with others about, a client's prefill share of a step is at most 1/16 of it (less with more about)
 
 
 class _Step:
@@ -59,11 +59,15 @@ class _Step:
         self.chosen: set[Sequence] = set()
         self.evicted: set[Sequence] = set()
         self.victims: set[str] = set()  # clients that lost a sequence to preemption in this step
+        self.fresh: set[str] = set()  # clients with nothing running that are admitted in this step
         self.preempted = 0
         self.admitted = False
 
     def room(self, client: str) -> int:
-        """Prefill tokens `client` may still take in this step."""
+        """Prefill tokens `client` may still take in this step: none for a client with work running once a client
+        with nothing running is in the step (see Scheduler._admit)."""
+        if self.fresh and client not in self.fresh:
+            return 0
         return min(self.budget, self.share - self.prefill.get(client, 0))
 
     def take(self, seq: Sequence, n: int, scheduler: "Scheduler") -> None:
@@ -144,9 +148,11 @@ class Scheduler:
             self.waiting.extend(arrivals)
         self._activate(now)
         # With other clients about (running, queued, or between two of their requests), no client's prefill may take
-        # more than its share of a step: a step is the wait of everyone's next token, and a 2,048-token chunk is
-        # a second on 2 CPU cores.
-        share = max(self.max_batch_tokens // max(1, len(self.seen)), self.max_batch_tokens // MAX_SHARES, 1)
+        # more than 1/MAX_SHARES of a step: a step is the wait of everyone's next token (a 2,048-token chunk is a
+        # second on 2 CPU cores), and a client about may send its next request at any moment. Alone, a client
+        # has the whole budget.
+        share = self.max_batch_tokens if len(self.seen) <= 1 else \
+            max(self.max_batch_tokens // max(len(self.seen), MAX_SHARES), 1)
         step = _Step(self.max_batch_tokens, share)
         # 1. every decoding sequence computes its one token, oldest first (blocks permitting)
         i = 0
@@ -203,19 +209,26 @@ class Scheduler:
             return False  # what this client lost to preemption this step goes first, next step (FCFS)
         if len(self.running) >= self.max_num_seqs and not self._make_room(client, step):
             return False
+        # A client with nothing running waits for its first token: with others about, the rest of this step's
+        # prefill is its to wait for, so once it is in, the step carries no more of the others' (their decode
+        # tokens still run)
+        fresh = self.fair and len(self.seen) > 1 and not any(self.client_of(s) == client for s in self.running)
+        if fresh:
+            step.fresh.add(client)
         while True:
             reused = self.allocator.match_prefix(seq)
             n = min(seq.num_uncomputed, step.room(client))
-            if n <= 0:
-                self.allocator.release(seq)
+            if n > 0:
+                try:
+                    self.allocator.reserve(seq, seq.num_computed + n)
+                    break
+                except OutOfBlocks:
+                    pass
+            self.allocator.release(seq)
+            if n <= 0 or not self._make_room(client, step):
+                if fresh:
+                    step.fresh.discard(client)  # not in the step after all: the others keep their prefill
                 return False
-            try:
-                self.allocator.reserve(seq, seq.num_computed + n)
-                break
-            except OutOfBlocks:
-                self.allocator.release(seq)
-                if not self._make_room(client, step):
-                    return False
         self.waiting.remove(seq)
         self._note_admission(seq, reused)
         seq.status = SeqStatus.RUNNING

@@ -14,7 +14,7 @@ from engine.core.llm_engine import EngineConfig, LLMEngine
 from engine.model.loader import load_model
 from engine.model.paged import kv_bytes_per_block
 from engine.core.sampling import SamplingParams
-from engine.core.scheduler import Scheduler
+from engine.core.scheduler import MAX_SHARES, Scheduler
 from engine.core.sequence import Sequence, SeqStatus
 from engine.tokenizer import Tokenizer
 
@@ -179,6 +179,9 @@ def test_engine_token_ids_equal_generate(tiny, config):
         assert engine.metrics.value("tideflow_preemptions_total") > 0
 
 
+SHARED = 8 * MAX_SHARES  # a step budget whose share, with another client about, is 8 tokens
+
+
 def client_seq(client: str, rid: str, n: int, max_tokens: int = 4, first: int = 1) -> Sequence:
     q = seq(rid, n, max_tokens=max_tokens, first=first)
     q.client = client
@@ -188,27 +191,29 @@ def client_seq(client: str, rid: str, n: int, max_tokens: int = 4, first: int = 
 @pytest.mark.parametrize("fair", [True, False])
 def test_a_short_request_of_another_client_runs_next_step_not_after_a_flood(fair):
     """One client's long prompts fill every step's budget; another client's short one used to wait them all out."""
-    s = Scheduler(BlockAllocator(256, 4), 8, 16, 0.0, fair=fair)
+    s = Scheduler(BlockAllocator(1024, 4), 8, SHARED, 0.0, fair=fair)
     for i in range(3):
-        s.add(client_seq("flood", f"f{i}", 40, first=100 * i + 1), 0.0)
-    assert step(s) == {"f0": 16}
+        s.add(client_seq("flood", f"f{i}", SHARED + 32, first=1000 * i + 1), 0.0)
+    assert step(s) == {"f0": SHARED}
     s.add(client_seq("other", "short", 3), 0.0)
     got = step(s)
     if fair:
-        # the other client first (it has been served nothing); with two clients about, the flood's prefill takes at
-        # most half a step, which keeps the step (everyone's wait for a token) short
-        assert got == {"short": 3, "f0": 8}
+        # the other client first (it has been served nothing), and the step it waits for carries none of the
+        # flood's prefill; after it, with another client about, the flood's prefill takes at most a sixteenth of
+        # a step, which keeps the step (everyone's wait for a token) short
+        assert got == {"short": 3}
+        assert step(s) == {"short": 1, "f0": 8}
     else:
-        assert got == {"f0": 16}  # FCFS: behind 104 queued prompt tokens
-        assert "short" not in step(s) and "short" not in step(s)
+        assert got == {"f0": 32, "f1": SHARED - 32}  # FCFS: behind the flood's queued prompt tokens
+        assert "short" not in step(s)
 
 
 def test_clients_share_the_budget_by_tokens_served_and_a_newcomer_gets_no_credit_for_time_away():
-    s = Scheduler(BlockAllocator(256, 4), 8, 16, 0.0)
-    s.add(client_seq("a", "a0", 200, max_tokens=1), 0.0)
+    s = Scheduler(BlockAllocator(1024, 4), 8, SHARED, 0.0)
+    s.add(client_seq("a", "a0", 1000, max_tokens=1), 0.0)
     for _ in range(5):
-        assert step(s) == {"a0": 16}  # alone: it takes every step
-    s.add(client_seq("b", "b0", 200, max_tokens=1, first=300), 0.0)
+        assert step(s) == {"a0": SHARED}  # alone: it takes every step
+    s.add(client_seq("b", "b0", 1000, max_tokens=1, first=2000), 0.0)
     served = {"a": 0, "b": 0}
     for _ in range(6):
         for rid, n in step(s).items():
@@ -245,17 +250,17 @@ def test_a_client_with_nothing_running_takes_blocks_from_the_client_holding_them
 
 
 def test_a_client_s_prefill_share_of_a_step_comes_back_once_the_others_are_gone_for_a_while():
-    s = Scheduler(BlockAllocator(256, 4), 8, 16, 0.0)
-    s.add(client_seq("flood", "f0", 200, max_tokens=1), 0.0)
-    s.add(client_seq("other", "o0", 2, max_tokens=1, first=300), 0.0)
-    assert step(s, 0.0) == {"o0": 2, "f0": 8}
+    s = Scheduler(BlockAllocator(256, 4), 8, SHARED, 0.0)
+    s.add(client_seq("flood", "f0", 800, max_tokens=1), 0.0)
+    s.add(client_seq("other", "o0", 2, max_tokens=1, first=900), 0.0)
+    assert step(s, 0.0) == {"o0": 2, "f0": 8}  # both had nothing running: both are in the step
     assert step(s, 1.0) == {"f0": 8}  # o0 ended, but its client was here a second ago
-    assert step(s, 10.0) == {"f0": 16}  # gone for longer than RECENT_S: the flood has the whole step
+    assert step(s, 10.0) == {"f0": SHARED}  # gone for longer than RECENT_S: the flood has the whole step
 
 
 def test_two_clients_filling_every_block_do_not_wait_on_each_other_for_ever():
-    """Both prompts fill half the budget a step until no block is left: one must give its blocks back."""
-    s = Scheduler(BlockAllocator(16, 4), 8, 16, 0.0)
+    """Both prompts fill their share of the budget a step until no block is left: one must give its blocks back."""
+    s = Scheduler(BlockAllocator(16, 4), 8, SHARED, 0.0)
     s.add(client_seq("a", "a0", 40, max_tokens=2), 0.0)
     s.add(client_seq("b", "b0", 40, max_tokens=2, first=100), 0.0)
     for _ in range(60):

@@ -6,7 +6,9 @@ be made to answer like this)."""
 from __future__ import annotations
 
 
+import asyncio
 import json
+import time
 
 import httpx
 import openai
@@ -42,6 +44,8 @@ def misbehaving_upstream() -> FastAPI:
             return StreamingResponse(_breaking(body["prompt"]), media_type="text/event-stream")
         if body.get("prompt") == "separators":
             return StreamingResponse(_separators(), media_type="text/event-stream")
+        if body.get("prompt") == "late":
+            return StreamingResponse(_late(), media_type="text/event-stream")
 
         async def nothing():  # 200, then the stream ends before its first event
             if False:
@@ -83,6 +87,23 @@ async def _breaking(prompt: str, resumed: bool = False):
     raise RuntimeError("member killed")
 
 
+LATE = {"sent": 0, "closed": False}
+
+
+async def _late():
+    """A first event after 1 s (a long prefill), then 200 more at 50 ms, unless the router closes the stream."""
+    LATE.update(sent=0, closed=False)
+    await asyncio.sleep(1.0)
+    try:
+        for i in range(201):
+            yield _event("a", [5], prompt=[1, 2] if i == 0 else None)
+            LATE["sent"] += 1
+            await asyncio.sleep(0.05)
+        yield "data: [DONE]\n\n"
+    finally:
+        LATE["closed"] = True
+
+
 SEPARATORS = "a\u2028b\x85c\x1cd\u2029e\x0bf\x0cg"  # str.splitlines breaks at each; SSE at none
 
 
@@ -104,7 +125,7 @@ def router():
     with serve_in_thread(misbehaving_upstream()) as upstream:
         config = RouterConfig(rate_limit_rps=0.01, rate_limit_burst=3, health_interval_s=0.2, max_attempts=2,
                               member_networks=["127.0.0.0/8"])  # the fuzzer may register nothing else
-        with serve_in_thread(create_router_app(config, [CLIENT, "other-key", "resume-key", "break-key", "samples-key", "separators-key"], [ADMIN])) as url:
+        with serve_in_thread(create_router_app(config, [CLIENT, "other-key", "resume-key", "break-key", "samples-key", "separators-key", "late-key"], [ADMIN])) as url:
             admin = httpx.Client(base_url=url, headers={"authorization": f"Bearer {ADMIN}"}, trust_env=False)
             r = admin.post("/admin/groups", json={"name": "bad", "version": "v1",
                                                   "endpoints": [{"url": upstream, "role": "colocated"}]})
@@ -143,6 +164,22 @@ def test_samples_count_a_failed_try_against_its_group_and_need_a_client_key(rout
         assert c.get("/samples", params={"after": cursor, "group": "other"}).json()["samples"] == []
         assert c.get("/samples", params={"limit": -1}).status_code == 400  # the error handlers answer 400
     assert httpx.get(url + "/samples", trust_env=False).status_code == 401
+
+
+def test_a_client_gone_before_its_stream_started_gives_back_the_upstream_and_the_counts(router):
+    """The client hangs up while the router waits for the first event; by the time the router answers, nobody
+    reads it. What the answer owns (the group's and the member's in-flight counts, the upstream stream) must be
+    given back, and the member must stop generating for nobody."""
+    url, admin = router
+    with httpx.Client(base_url=url, headers={"authorization": "Bearer late-key"}, trust_env=False,
+                      timeout=httpx.Timeout(30, read=0.3)) as c:
+        with pytest.raises(httpx.ReadTimeout):
+            c.post("/v1/completions", json={"model": "default", "prompt": "late", "max_tokens": 200, "stream": True})
+    deadline = time.monotonic() + 10
+    while (inflight(admin) != (0, [0]) or not LATE["closed"]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert inflight(admin) == (0, [0])
+    assert LATE["closed"] and LATE["sent"] < 100, LATE  # closed by the router, not run to its end
 
 
 def test_text_with_unicode_line_separators_passes_the_router_whole(router):
