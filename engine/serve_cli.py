@@ -10,12 +10,18 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from engine.argtypes import positive_int
+from engine.core.engine_config import EngineKnobs
 from engine.errors import EXIT_ENGINE_FAILED, EXIT_WEIGHTS, TideflowError, exit_member
 from engine.parallel.serve_args import add_arguments as add_dep_arguments, dep_serve_config
+from engine.server import connection_limits
+from engine.server.connection_limits import ConnectionLimits
 from engine.server.limits import MEMBER_KEEP_ALIVE_S
 from tideflow_kernels.spec import KERNEL_MODES
 
 log = logging.getLogger(__name__)
+
+# connections any client address may hold; a member's router gets one more per request the engine admits
+ADDRESS_ALLOWANCE = ConnectionLimits.model_fields["max_connections_per_address"].default
 
 
 def add_commands(subparsers) -> None:
@@ -42,6 +48,9 @@ def add_commands(subparsers) -> None:
     p.add_argument("--scheduling", choices=["fair", "fcfs"],
                    help="fair (default): clients (API keys) share steps, slots and KV by tokens served; fcfs: arrival order")
     p.add_argument("--max-body-bytes", type=int, default=8 << 20, help="largest request body accepted (413 above)")
+    connection_limits.add_arguments(p, max_connections_per_address=f"{ADDRESS_ALLOWANCE} + max_num_seqs + max_queue "
+                                                                   f"(--role encoder: {ADDRESS_ALLOWANCE}); counted "
+                                                                   "per API server process")
     p.add_argument("--dtype", choices=["float32", "bfloat16"])
     p.add_argument("--threads", type=positive_int, default=None,
                    help="compute threads of the engine (default: $OMP_NUM_THREADS or every core this process may use); "
@@ -83,6 +92,14 @@ def engine_config(args: argparse.Namespace):
     return EngineConfig(model_name=args.served_model_name or Path(args.model).resolve().name, **given)
 
 
+def member_connection_limits(args: argparse.Namespace, config: EngineKnobs) -> ConnectionLimits:
+    """A member's bounded reads. In a fleet every request comes from the router's address, so that address may
+    hold, past any address's allowance, one connection per request the engine admits (running and queued):
+    with the allowance alone, the router's 257th open request was refused at connect though the queue had room."""
+    return connection_limits.from_args(
+        args, max_connections_per_address=ADDRESS_ALLOWANCE + config.max_num_seqs + config.max_queue)
+
+
 def serve(args: argparse.Namespace) -> int:
     from engine.server.connections import run_server
 
@@ -119,6 +136,7 @@ def serve(args: argparse.Namespace) -> int:
     intraop.serial_process(args.threads)  # before any torch op: the engine thread alone runs parallel ops
     try:
         config = engine_config(args)
+        limits = member_connection_limits(args, config)
         keys = load_api_keys(args.api_key_file)
         faults = FaultInjector(FaultConfig.parse(args.faults)) if args.faults else None
         if args.require_verified or (Path(args.model) / MANIFEST_NAME).exists():
@@ -140,8 +158,9 @@ def serve(args: argparse.Namespace) -> int:
     log.info("serving %s on http://%s:%d (%d KV blocks of %d tokens)", config.model_name, args.host, args.port,
              engine.allocator.num_blocks, config.block_size)
     app = create_app(engine, config.model_name, keys, transport=None if args.role == "colocated" else args.kv_transport,
-                     faults=faults, standby=args.standby, host=args.host, max_body_bytes=args.max_body_bytes)
-    run_server(app, host=args.host, port=args.port, log_level="warning", timeout_keep_alive=MEMBER_KEEP_ALIVE_S)
+                     faults=faults, standby=args.standby, host=args.host, max_body_bytes=args.max_body_bytes,
+                     body_timeout_s=limits.body_timeout_s)
+    run_server(app, limits, host=args.host, port=args.port, log_level="warning", timeout_keep_alive=MEMBER_KEEP_ALIVE_S)
     return 0
 
 
@@ -200,7 +219,8 @@ def serve_split(args: argparse.Namespace) -> int:
                          metrics_version=args.metrics_version, role=args.role)
     api_spec = ApiServerSpec(model_dir=args.model, model_name=config.model_name, input_address=core_spec.input_address,
                              socket_dir=str(sockets), host=args.host, port=args.port, api_key_file=args.api_key_file,
-                             faults=args.faults, max_body_bytes=args.max_body_bytes, reuse_port=args.api_server_count > 1)
+                             faults=args.faults, max_body_bytes=args.max_body_bytes, reuse_port=args.api_server_count > 1,
+                             connections=member_connection_limits(args, config))
     core = start_core(core_spec)
     extras = None
     try:

@@ -27,12 +27,12 @@ from engine.server.errors import APIError, install_error_handlers
 GroupName = Annotated[str, Path(pattern=GROUP_NAME_PATTERN, description="group name (a DNS-1123 label)")]
 
 
-def create_control_app(controller: Controller, on_down: Callable[[], None]) -> FastAPI:
+def create_control_app(controller: Controller, on_down: Callable[[], None], body_timeout_s: float) -> FastAPI:
     """`on_down` ends the serving process after `POST /v1/down` has stopped the fleet."""
     auth = BearerAuth([controller.admin_key])
     router_auth = BearerAuth([controller.routes_key, controller.admin_key])  # router replicas: the route set only
     app = FastAPI(title="tideflow controller", docs_url=None, redoc_url=None, openapi_url=None)
-    app.add_middleware(BodyLimit, max_bytes=1 << 20)  # specs and small bodies only
+    app.add_middleware(BodyLimit, max_bytes=1 << 20, read_timeout_s=body_timeout_s)  # specs and small bodies only
     publish_openapi(app, auth)
     install_error_handlers(app)
     api = APIRouter(dependencies=[Depends(auth)])

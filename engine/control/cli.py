@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 from engine.errors import TideflowError
+from engine.server import connection_limits
 
 
 def add_commands(subparsers: argparse._SubParsersAction) -> None:
@@ -28,6 +29,10 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
     c.add_argument("--image", default="tideflow:latest", help="kubernetes: image of the group members")
     c.add_argument("--router-url", default="http://tideflow-router:8000",
                    help="kubernetes: the router Service clients use (deployments/kubernetes/router.yaml)")
+    c.add_argument("--no-capacity-check", dest="capacity_check", action="store_false",
+                   help="local: start groups even when their members' estimated memory exceeds this host's available "
+                        "memory (the check refuses them before any member starts)")
+    connection_limits.add_arguments(c)
     c.set_defaults(func=_controller)
 
     r = subparsers.add_parser("router-replica", help="one more router serving the groups of this home's controller")
@@ -53,6 +58,7 @@ def _controller(args: argparse.Namespace) -> int:
     from engine.control.controller import Controller
     from engine.control.runtime import ControllerConfig
     from engine.default_model import write_default_model
+    from engine.group.capacity import CapacityCheck
     from engine.paths import default_model_dir
     from engine.process import start_ticks
 
@@ -68,7 +74,8 @@ def _controller(args: argparse.Namespace) -> int:
         write_default_model(model_dir)
     chosen = {k: v for k, v in (("backend", args.backend), ("namespace", args.namespace)) if v}
     config = ControllerConfig(model_dir=model_dir, model_name=args.model_name, host=args.host, port=args.port,
-                              router_port=args.router_port, image=args.image, router_url=args.router_url, **chosen)
+                              router_port=args.router_port, image=args.image, router_url=args.router_url,
+                              capacity_check=CapacityCheck(enabled=args.capacity_check), **chosen)
     if config.backend == "kubernetes" and not config.port:
         raise TideflowError("--port is needed on kubernetes: the router Deployment reaches the controller's Service there")
     controller = Controller(config).start()
@@ -81,8 +88,9 @@ def _controller(args: argparse.Namespace) -> int:
         discovery.unregister(info.pid)  # before exiting: nobody may find a controller that is going away
         server.should_exit = True
 
-    app = create_control_app(controller, on_down=on_down)
-    server = uvicorn.Server(server_config(app, host=args.host, port=port, log_level="warning",
+    limits = connection_limits.from_args(args)
+    app = create_control_app(controller, on_down=on_down, body_timeout_s=limits.body_timeout_s)
+    server = uvicorn.Server(server_config(app, limits, host=args.host, port=port, log_level="warning",
                                           timeout_graceful_shutdown=5))
     discovery.register(info, controller.client_key)
     print(f"controller: {info.url} (pid {info.pid}); router: {controller.router_url}/v1 "

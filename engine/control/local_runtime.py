@@ -34,7 +34,8 @@ class LocalRuntime(Runtime):
         self.store.set_setting("model_dir", str(config.model_dir))  # what `tideflow router-replica` serves with
         self.store.set_setting("model_name", config.model_name)
         self.backend = LocalProcessBackend(config.model_dir, self.store.secret("member"), config.model_name,
-                                           home() / "logs", config.host, ledger=self.store)
+                                           home() / "logs", config.host, ledger=self.store,
+                                           capacity=config.capacity_check)
         self.router: Child | Adopted | None = None
         self.router_url = ""
 

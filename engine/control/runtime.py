@@ -16,6 +16,7 @@ from pydantic import BaseModel, Field
 
 from engine.control.store import StateStore
 from engine.group.backend import Backend
+from engine.group.capacity import CapacityCheck
 from engine.group.manager import GroupManager, SupervisionPolicy
 
 BACKEND_ENV = "TIDEFLOW_BACKEND"
@@ -41,6 +42,8 @@ class ControllerConfig(BaseModel):
     adopt_wait_s: float = Field(30.0, ge=0, description="at start, how long adopted groups may take to show Ready "
                                                          "before routers get the route set")
     policy: SupervisionPolicy = Field(default_factory=SupervisionPolicy, description="how groups are supervised and rebuilt")
+    capacity_check: CapacityCheck = Field(default_factory=CapacityCheck,
+                                          description="local: refuse a group that would not fit this host's memory")
 
 
 class Runtime(abc.ABC):

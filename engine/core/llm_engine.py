@@ -114,7 +114,7 @@ class LLMEngine:
         self.ready = False
         self._requests: dict[str, _Request] = {}
         self._adds: deque[_Request] = deque()  # filled by any thread, drained by the engine thread
-        self._imports: deque[_Request] = deque()  # prefilled elsewhere; engine thread only
+        self._imports: list[_Request] = []  # prefilled elsewhere, in arrival order (Scheduler.next_import picks)
         self.stats: dict[str, int] = {"queued": 0, "running": 0, "kv_blocks_free": num_blocks, "queued_prefill_tokens": 0}
         self._aborts: deque[str] = deque()
         self._calls: deque[tuple[Callable[[], None], concurrent.futures.Future]] = deque()  # run by the engine thread
@@ -391,8 +391,12 @@ class LLMEngine:
             # during a step has waited that step already and departs with the next (from the look, it
             # missed the next step and paid a whole extra step of TTFT whenever the engine was busy).
             self.scheduler.add(req.seq, req.seq.arrival)
-        while self._imports and self._admit_import(self._imports[0]):
-            self._imports.popleft()
+        while self._imports:
+            seq = self.scheduler.next_import(req.seq for req in self._imports)
+            req = next(r for r in self._imports if r.seq is seq)
+            if not self._admit_import(req):
+                break
+            self._imports.remove(req)
         aborted = bool(self._aborts)
         while self._aborts:
             request_id = self._aborts.popleft()

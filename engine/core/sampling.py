@@ -19,8 +19,13 @@ MAX_LOGIT_BIAS = 1024  # entries per request: bounds the host work a request add
 LOGPROB_FLOOR = -9999.0  # what a log-probability of zero probability (or a non-finite one) is reported as: JSON has no -inf
 
 
+PRIORITY_RANGE = (-(2**31), 2**31 - 1)
+
+
 class SamplingParams(BaseModel):
-    """How one request picks its tokens; temperature 0 means greedy."""
+    """How one request picks its tokens (temperature 0 means greedy), and when it runs: its priority rides with
+    the parameters so that every path a request takes (the engine core's process, prefill -> decode, a
+    migration) carries it."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -36,6 +41,8 @@ class SamplingParams(BaseModel):
                                              "alternatives; None = none")
     logit_bias: dict[Annotated[int, Field(ge=0)], Annotated[float, Field(ge=-100.0, le=100.0)]] = Field(
         default_factory=dict, max_length=MAX_LOGIT_BIAS, description="token id -> added to its logit before sampling")
+    priority: int = Field(0, ge=PRIORITY_RANGE[0], le=PRIORITY_RANGE[1],
+                          description="lower runs first (vLLM's convention), before the fair share between clients")
 
 
 class Logprob(NamedTuple):

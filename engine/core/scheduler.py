@@ -10,6 +10,7 @@ Arrivals reach the queue through the shuttle window.
 from __future__ import annotations
 
 from collections import Counter, deque
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from pydantic import BaseModel, Field
@@ -104,6 +105,10 @@ class Scheduler:
     away), and the next prefill chunk goes to the client with the least count. One client's 12 prompts of 3,000
     tokens then cost another client's short prompt one step, not the 36,000 tokens queued before it. Within a
     client the order stays first come, first served. Without `fair` every request is one client: plain FCFS.
+
+    A request's priority (SamplingParams.priority, lower first, bounded per API key where keys are checked)
+    comes before all that: the most urgent queued request is admitted first, whoever's it is, and blocks are
+    taken back from the least urgent first. Equal priorities (by default all are 0) share as above.
     """
 
     def __init__(
@@ -172,7 +177,8 @@ class Scheduler:
         # 2. prefill chunks, running first within a client, then admissions; the least-served client first
         queues = self._prefill_queues(step)
         while step.budget > 0 and queues:
-            client = min(queues, key=lambda c: (self.served.get(c, 0), queues[c][0].num_uncomputed, queues[c][0].arrival))
+            client = min(queues, key=lambda c: (queues[c][0].params.priority, self.served.get(c, 0),
+                                                queues[c][0].num_uncomputed, queues[c][0].arrival))
             seq = queues[client][0]
             if seq in step.evicted:
                 del queues[client]  # preempted while it waited in this step's queue: it goes first, next step
@@ -207,7 +213,7 @@ class Scheduler:
         """Move a queued sequence into the running batch with its first chunk; False when it cannot run now."""
         if client in step.victims:
             return False  # what this client lost to preemption this step goes first, next step (FCFS)
-        if len(self.running) >= self.max_num_seqs and not self._make_room(client, step):
+        if len(self.running) >= self.max_num_seqs and not self._make_room(seq, client, step):
             return False
         # A client with nothing running waits for its first token: with others about, the rest of this step's
         # prefill is its to wait for, so once it is in, the step carries no more of the others' (their decode
@@ -225,7 +231,7 @@ class Scheduler:
                 except OutOfBlocks:
                     pass
             self.allocator.release(seq)
-            if n <= 0 or not self._make_room(client, step):
+            if n <= 0 or not self._make_room(seq, client, step):
                 if fresh:
                     step.fresh.discard(client)  # not in the step after all: the others keep their prefill
                 return False
@@ -253,18 +259,20 @@ class Scheduler:
 
     def _prefill_queues(self, step: "_Step") -> dict[str, deque[Sequence]]:
         """Per client, what wants a prefill chunk this step: its filling sequences (oldest first), then its queued
-        ones (queue order). The step serves the least-served client's head next, ties to the shorter job."""
+        ones (the most urgent priority first, then queue order). The step serves the head of the most urgent
+        priority next and, among equals, the least-served client's, ties to the shorter job."""
         queues: dict[str, deque[Sequence]] = {}
         for seq in self.running:
             if seq.num_uncomputed > 1 and seq not in step.chosen:
                 queues.setdefault(self.client_of(seq), deque()).append(seq)
-        for seq in self.waiting:
+        for seq in sorted(self.waiting, key=lambda q: q.params.priority):  # stable: queue order within a priority
             queues.setdefault(self.client_of(seq), deque()).append(seq)
         return queues
 
-    def _make_room(self, client: str, step: "_Step") -> bool:
-        """A client with nothing running may take the newest sequence of the client running the most (one per step):
-        without it, a client that filled the slots or the blocks first would hold them until its requests end."""
+    def _make_room(self, seq: Sequence, client: str, step: "_Step") -> bool:
+        """A client with nothing running may take the newest sequence of the client running the most (one per step),
+        never one more urgent than its own `seq`: without it, a client that filled the slots or the blocks first
+        would hold them until its requests end."""
         if not self.fair or step.preempted or any(self.client_of(s) == client for s in self.running):
             return False
         counts = Counter(self.client_of(s) for s in self.running)
@@ -274,20 +282,33 @@ class Scheduler:
         if held < 2:
             return False  # never take the only request a client runs
         victim = next(s for s in reversed(self.running) if self.client_of(s) == greedy)
+        if victim.params.priority < seq.params.priority:
+            return False
         step.drop(victim, self)
         self._preempt(victim)
         return True
 
     def _preempt_for(self, step: "_Step") -> None:
-        """Blocks ran out for a running sequence: preempt the newest sequence of the client holding the most blocks
-        (FCFS: the newest overall), dropping it from this step's batch if it was in it."""
+        """Blocks ran out for a running sequence: among the sequences of the least urgent priority, preempt the
+        newest of the client holding the most blocks (FCFS: the newest overall), dropping it from this step's batch
+        if it was in it."""
+        least = max(s.params.priority for s in self.running)
+        candidates = [s for s in self.running if s.params.priority == least]
         holders = Counter()
-        for s in self.running:
+        for s in candidates:
             holders[self.client_of(s)] += len(s.block_table)
         greedy = max(holders, key=lambda c: holders[c])
-        victim = next(s for s in reversed(self.running) if self.client_of(s) == greedy)
+        victim = next(s for s in reversed(candidates) if self.client_of(s) == greedy)
         step.drop(victim, self)
         self._preempt(victim)
+
+    def next_import(self, prefilled: Iterable[Sequence]) -> Sequence:
+        """Which prefilled sequence (decode role) takes blocks for its KV next: the most urgent priority, then
+        (fair) the client with the fewest sequences running, then the earliest arrival. The engine imports in this
+        order and stops at the first that does not fit, so a big import is not starved by smaller ones; one
+        client's flood of imports no longer holds the others' behind it in arrival order."""
+        running = Counter(self.client_of(s) for s in self.running) if self.fair else Counter()
+        return min(prefilled, key=lambda s: (s.params.priority, running[self.client_of(s)], s.arrival))
 
     def adopt(self, seq: Sequence) -> None:
         """Run a sequence whose KV is already in its blocks (prefilled by another engine) from the next step."""

@@ -30,6 +30,8 @@ def serve_argv(group: InferenceGroup, spec: RoleSpec, *, model: str, host: str, 
         args += ["--scheduling", e.scheduling]
     if e.max_client_tokens != type(e).model_fields["max_client_tokens"].default:
         args += ["--max-client-tokens", str(e.max_client_tokens)]
+    if e.max_connections_per_address is not None:
+        args += ["--max-connections-per-address", str(e.max_connections_per_address)]
     if e.kv_cache_bytes is not None:
         args += ["--kv-cache-bytes", str(e.kv_cache_bytes)]
     if e.kv_cache_fraction is not None:

@@ -14,6 +14,8 @@ from pydantic import BaseModel, Field
 
 from engine.group.argv import serve_argv
 from engine.group.backend import Backend, BackendError, GroupHandle, MemberIdentity, MemberStatus, Phase
+from engine.core.kv_cache import available_memory
+from engine.group.capacity import CapacityCheck, MemoryShortage, check_fits, held_bytes, member_need
 from engine.group.gpus import VISIBLE_ENV, GpuPool, GpuShortage
 from engine.group.spec import InferenceGroup, Member, Role
 from engine.http import bearer_client
@@ -52,6 +54,7 @@ class _Running:
     children: dict[Member, Child | Adopted] = field(default_factory=dict)
     ports: dict[Member, int] = field(default_factory=dict)
     gpus: dict[Member, list[str]] = field(default_factory=dict)
+    estimates: dict[Member, int] = field(default_factory=dict)  # host memory each will hold (capacity check), bytes
 
 
 def _member_name(handle_id: str, role: str, instance: int, rank: int) -> str:
@@ -66,12 +69,14 @@ class LocalProcessBackend(Backend):
 
     def __init__(self, model_dir: Path, api_key: str, model_name: str = "default", log_dir: Path | None = None,
                  host: str = "127.0.0.1", extra_env: dict[str, str] | None = None,
-                 ledger: ProcessLedger | None = None, gpus: GpuPool | None = None) -> None:
+                 ledger: ProcessLedger | None = None, gpus: GpuPool | None = None,
+                 capacity: CapacityCheck | None = None) -> None:
         self.model_dir, self.api_key, self.model_name, self.host = model_dir, api_key, model_name, host
         self.log_dir = log_dir or home() / "logs"
         self.extra_env = extra_env or {}
         self.ledger = ledger
         self.gpus = gpus or GpuPool()
+        self.capacity = capacity or CapacityCheck()
         self._running: dict[str, _Running] = {}
         self._lock = threading.Lock()
 
@@ -79,12 +84,16 @@ class LocalProcessBackend(Backend):
         handle = GroupHandle(id=f"{group.name}-{uuid.uuid4().hex[:6]}", group=group.name, version=group.version,
                              backend=self.name, standby=standby)
         run = _Running(group, handle)
-        with self._lock:
+        instances = [(spec.role, instance) for spec in group.roles for instance in range(spec.instances)]
+        with self._lock:  # checked and reserved together: two groups starting at once cannot both take the last GiB
+            try:
+                self._reserve_memory(run, instances)
+            except MemoryShortage as exc:
+                raise BackendError(f"could not start group {group.name}: it {exc}") from None
             self._running[handle.id] = run
         try:
-            for spec in group.roles:
-                for instance in range(spec.instances):
-                    self._start_instance(run, spec.role, instance)
+            for role, instance in instances:
+                self._start_instance(run, role, instance)
         except GpuShortage as exc:
             self.delete(handle)
             raise BackendError(f"could not start group {group.name}: it {exc}") from None
@@ -96,6 +105,43 @@ class LocalProcessBackend(Backend):
             raise
         return handle
 
+    def _reserve_memory(self, run: _Running, instances: list[tuple[Role, int]]) -> None:
+        """Estimate what the members of `instances` will hold and keep it in `run.estimates`, or raise
+        MemoryShortage when they do not fit beside the members running (caller holds the lock)."""
+        if not self.capacity.enabled or not instances:
+            return
+        mem_available = available_memory("cpu")  # what a member sizes a kv_cache_fraction by
+        available = self.capacity.mem_available_bytes or mem_available
+        model = self.model_path(run.group)
+        needs = {role: member_need(run.group, run.group.role(role), model, mem_available) for role, _ in instances}
+        new = {}
+        for role, instance in instances:
+            size = run.group.role(role).members_per_instance
+            new |= {Member(role=role, instance=instance, rank=rank, size=size): needs[role] for rank in range(size)}
+        check_fits(new, self._taken(), available, self.capacity)
+        run.estimates.update({member: need.total for member, need in new.items()})
+
+    def _taken(self) -> int:
+        """Bytes of the available memory that the members this backend runs take (caller holds the lock).
+
+        Each will hold the larger of its anonymous memory now (/proc) and its estimate: the estimate while it
+        loads or before it is spawned. MemAvailable already leaves out what they hold now, so against it only
+        the rest counts; a configured figure is a budget they take in full.
+        """
+        budget = self.capacity.mem_available_bytes is not None
+        runs = [(dict(r.children), dict(r.estimates)) for r in self._running.values()]  # scale() edits them meanwhile
+        held = held_bytes({c.pid for children, _ in runs for c in children.values() if c.alive()})
+        taken = 0
+        for children, estimates in runs:
+            for member in children.keys() | estimates.keys():
+                child = children.get(member)
+                if child is not None and not child.alive():
+                    continue  # exited: holds nothing
+                now = held.get(child.pid, 0) if child is not None else 0
+                will = max(now, estimates.get(member, 0))
+                taken += will if budget else will - now
+        return taken
+
     def _start_instance(self, run: _Running, role: Role, instance: int) -> None:
         spec = run.group.role(role)
         size = spec.members_per_instance
@@ -106,7 +152,8 @@ class LocalProcessBackend(Backend):
             member = Member(role=role, instance=instance, rank=rank, size=size)
             port = (spec.port_base + instance * size + rank) if spec.port_base else free_port(self.host)
             argv = tideflow_argv(*self.member_args(run.group, member, port, dist_port, run.handle.standby))
-            env = {"TIDEFLOW_API_KEYS": self.api_key, **self.extra_env}
+            # the members' key is the router's (and the controller's): it forwards, naming the client it serves
+            env = {"TIDEFLOW_API_KEYS": f"{self.api_key} forwards", **self.extra_env}
             if owned[name]:
                 env[VISIBLE_ENV] = ",".join(owned[name])
             run.gpus[member] = owned[name]
@@ -220,15 +267,22 @@ class LocalProcessBackend(Backend):
             raise BackendError(f"no running group named {group_name}")
         run = runs[-1]
         current = 1 + max((m.instance for m in run.children if m.role == role), default=-1)
+        with self._lock:
+            try:
+                self._reserve_memory(run, [(role, instance) for instance in range(current, instances)])
+            except MemoryShortage as exc:
+                raise BackendError(f"could not scale {group_name}/{role} to {instances} instances: it {exc}") from None
         try:
             for instance in range(current, instances):
                 self._start_instance(run, role, instance)
         except GpuShortage as exc:
+            run.estimates = {m: e for m, e in run.estimates.items() if m in run.children}  # the rest never started
             raise BackendError(f"could not scale {group_name}/{role} to {instances} instances: it {exc}") from None
         gone = [m for m in run.children if m.role == role and m.instance >= instances]
         for member in gone:
             run.children.pop(member).stop()
             run.ports.pop(member)
+            run.estimates.pop(member, None)
         self._give_back_gpus(run, gone)
 
     def delete(self, handle: GroupHandle) -> None:

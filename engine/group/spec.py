@@ -113,6 +113,10 @@ class EngineArgs(EngineKnobs):
                               "(`serve --engine-core process`; colocated DEP1 roles)")
     api_server_count: int = Field(1, ge=1, le=16, description="API server processes in front of an engine core in a "
                                                               "process of its own (`serve --api-server-count`)")
+    max_connections_per_address: int | None = Field(
+        None, ge=1, description="connections one address (the router's, in a fleet) may hold to a member (`serve "
+                                "--max-connections-per-address`); None: 256 + max_num_seqs + max_queue, one for "
+                                "every request the engine admits past any address's allowance")
 
 
 MAX_INSTANCES = 256  # a bound a cluster would accept; larger fleets are several groups

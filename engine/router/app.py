@@ -29,10 +29,10 @@ from engine.router.ratelimit import RateLimiter
 from engine.router.samples import SamplePage
 from engine.router.sync import ROUTES_KEY_ENV, ControllerSync
 from engine.router.registry import GROUP_NAME_PATTERN, GroupName, GroupRegistration, Registry, Weight
-from engine.server.auth import BearerAuth, bearer_token, key_digest, publish_openapi
+from engine.server.auth import ApiKey, BearerAuth, bearer_token, key_digest, publish_openapi
 from engine.server.limits import BodyLimit
 from engine.server.errors import APIError, clip, error_response, install_error_handlers, invalid
-from engine.server.requests import check_chat_size
+from engine.server.requests import check_chat_size, check_priority
 from engine.server.protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
 
 UPSTREAM_KEY_ENV = "TIDEFLOW_UPSTREAM_API_KEY"
@@ -48,7 +48,7 @@ class WeightsUpdate(BaseModel):
     weights: dict[GroupName, Weight] = Field(description="group name -> traffic weight (finite, >= 0)")
 
 
-def create_router_app(config: RouterConfig, api_keys: list[str], admin_keys: list[str],
+def create_router_app(config: RouterConfig, api_keys: list[str | ApiKey], admin_keys: list[str],
                       upstream_key: str | None = None, routes_key: str | None = None) -> FastAPI:
     """`routes_key`: the key this router sends to `config.controller_url` to watch the route set."""
     if not admin_keys:
@@ -88,7 +88,7 @@ def create_router_app(config: RouterConfig, api_keys: list[str], admin_keys: lis
                 cpu.close()
 
     app = FastAPI(title="tideflow router", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
-    app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes)
+    app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes, read_timeout_s=config.connections.body_timeout_s)
     publish_openapi(app, admin_auth)
     install_error_handlers(app)
 
@@ -146,6 +146,7 @@ def create_router_app(config: RouterConfig, api_keys: list[str], admin_keys: lis
         if parsed.model != config.model_name:
             return error_response(404, f"model {clip(parsed.model)} does not exist; this router serves "
                                        f"{config.model_name!r}", "model", "model_not_found")
+        check_priority(parsed.priority, auth.priority_floor(request))
         token = bearer_token(request) if auth.enabled else None  # without keys, a bearer value is anybody's word
         return await state["proxy"].serve(api, body, raw, key_digest(token) if token else "")
 

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
+
+from engine.server import connection_limits
 
 
 def add_commands(subparsers: argparse._SubParsersAction) -> None:
@@ -31,6 +34,7 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
                    help="requests one API key may have open at once (429 beyond); 0: no cap")
     p.add_argument("--prompt-workers", type=int, default=2,
                    help="threads that parse large bodies and tokenize, hash and serialize prompts, off the event loop")
+    connection_limits.add_arguments(p)
     p.set_defaults(func=_run)
 
 
@@ -53,13 +57,20 @@ def _run(args: argparse.Namespace) -> int:
                           max_body_bytes=args.max_body_bytes, prompt_workers=args.prompt_workers,
                           max_open_per_key=args.max_open_per_key or None,
                           member_networks=args.member_network,
-                          controller_url=args.controller_url, advertise=args.advertise)
-    app = create_router_app(config, load_api_keys(args.api_key_file), keys_from_env(ADMIN_KEYS_ENV),
+                          controller_url=args.controller_url, advertise=args.advertise,
+                          connections=connection_limits.from_args(args))
+    try:
+        client_keys = load_api_keys(args.api_key_file)
+    except (OSError, ValueError) as exc:
+        print(f"tideflow router: client keys: {exc}", file=sys.stderr)
+        return 2
+    app = create_router_app(config, client_keys, keys_from_env(ADMIN_KEYS_ENV),
                             os.environ.get(UPSTREAM_KEY_ENV), os.environ.get(ROUTES_KEY_ENV))
     # Everything built so far lives as long as the process: frozen out of the collector's sight, a full
     # collection set off by a large body's objects scans those, not the 200,000 of the router's own modules
     # (such a collection took 270 ms in one call with the GIL held, so with the event loop waiting)
     gc.collect()
     gc.freeze()
-    run_server(app, host=config.host, port=config.port, log_level="warning", timeout_graceful_shutdown=5)
+    run_server(app, config.connections, host=config.host, port=config.port, log_level="warning",
+               timeout_graceful_shutdown=5)
     return 0

@@ -6,6 +6,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field, IPvAnyNetwork
 
+from engine.server.connection_limits import ConnectionLimits
+
 
 class RouterConfig(BaseModel):
     host: str = Field("127.0.0.1", description="bind address; loopback unless told otherwise")
@@ -29,6 +31,8 @@ class RouterConfig(BaseModel):
     member_networks: list[IPvAnyNetwork] | None = Field(
         None, description="networks member endpoints must be in (IP literals or localhost only); None = any host")
     max_body_bytes: int = Field(8 << 20, ge=1024, description="largest request body accepted (413 above)")
+    connections: ConnectionLimits = Field(default_factory=ConnectionLimits,
+                                          description="bounded reads of the clients' connections")
     prompt_workers: int = Field(2, ge=1, le=64, description="threads that parse large bodies and tokenize, template, "
                                                             "hash and serialize prompts, off the event loop")
     prompt_queue: int = Field(64, ge=1, description="prompts waiting for those threads beyond which a request gets 503 "

@@ -24,6 +24,7 @@ from pydantic import BaseModel, Field
 from engine.errors import EXIT_ENGINE_FAILED, exit_member
 from engine.process import Child, die_with_parent
 from engine.server.auth import load_api_keys
+from engine.server.connection_limits import ConnectionLimits
 from engine.server.connections import server_config
 from engine.server.core_client import CoreClient
 from engine.server.faults import FaultConfig, FaultInjector
@@ -48,6 +49,8 @@ class ApiServerSpec(BaseModel):
     faults: str | None = None
     max_body_bytes: int = Field(DEFAULT_MAX_BODY_BYTES, ge=1)
     reuse_port: bool = Field(False, description="share the port with the member's other API servers")
+    connections: ConnectionLimits = Field(default_factory=ConnectionLimits,
+                                          description="bounded reads; each API server counts its own connections")
     starter_pid: int = Field(default_factory=os.getpid, description="an API server ends when this process does")
 
 
@@ -68,9 +71,11 @@ def serve_api(spec: ApiServerSpec, client: CoreClient, warm_up: bool, standby: b
 
     faults = FaultInjector(FaultConfig.parse(spec.faults)) if spec.faults else None
     app = create_app(client, spec.model_name, load_api_keys(spec.api_key_file), warm_up=warm_up, faults=faults,
-                     standby=standby, host=spec.host, max_body_bytes=spec.max_body_bytes)
+                     standby=standby, host=spec.host, max_body_bytes=spec.max_body_bytes,
+                     body_timeout_s=spec.connections.body_timeout_s)
     sock = listening_socket(spec.host, spec.port, spec.reuse_port)
-    server = uvicorn.Server(server_config(app, log_level="warning", timeout_keep_alive=MEMBER_KEEP_ALIVE_S))
+    server = uvicorn.Server(server_config(app, spec.connections, log_level="warning",
+                                          timeout_keep_alive=MEMBER_KEEP_ALIVE_S))
     try:
         server.run(sockets=[sock])
     finally:

@@ -18,13 +18,13 @@ from engine.core.outputs import RequestOutput, RequestStream
 from engine.core.sampling import Logprob
 from engine.server.standby import InstanceState, ServingSwitch
 from engine.server.admin_routes import admin_routes
-from engine.server.auth import BearerAuth, client_id, publish_openapi
+from engine.server.auth import ApiKey, BearerAuth, publish_openapi
 from engine.server.errors import APIError, error_response, install_error_handlers
-from engine.server.limits import DEFAULT_MAX_BODY_BYTES, BodyLimit
+from engine.server.limits import DEFAULT_BODY_TIMEOUT_S, DEFAULT_MAX_BODY_BYTES, BodyLimit
 from engine.server.logprobs import LogprobText
 from engine.core.resume import TRACE_FIELD, TRACE_HEADER, ResumeRequest
 from engine.server.pd_routes import pd_routes
-from engine.server.requests import check_model, check_token_ids, params_for, parse_body, prepare
+from engine.server.requests import check_model, check_priority, check_token_ids, params_for, parse_body, prepare
 from engine.transfer import TransportKind
 from engine.server.protocol import (
     ChatChoice, ChatCompletionChunk, ChatLogprobs, ChatCompletionRequest, ChatCompletionResponse, ChatDelta, ChatMessageOut,
@@ -35,9 +35,10 @@ from engine.server.protocol import (
 log = logging.getLogger(__name__)
 
 
-def create_app(engine: LLMEngine, model_name: str, api_keys: list[str] | None = None, warm_up: bool = True,
+def create_app(engine: LLMEngine, model_name: str, api_keys: list[str | ApiKey] | None = None, warm_up: bool = True,
                transport: TransportKind | None = None, faults: FaultInjector | None = None,
-               standby: bool = False, host: str = "127.0.0.1", max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
+               standby: bool = False, host: str = "127.0.0.1", max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+               body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S) -> FastAPI:
     """The app starts the engine thread and warms it up in the background; /ready turns 200 after.
 
     `faults` (tests and drills only) fails or slows the completion and chat routes on purpose.
@@ -60,7 +61,7 @@ def create_app(engine: LLMEngine, model_name: str, api_keys: list[str] | None = 
             engine.stop()
 
     app = FastAPI(title="tideflow engine", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
-    app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
+    app.add_middleware(BodyLimit, max_bytes=max_body_bytes, read_timeout_s=body_timeout_s)
     publish_openapi(app, auth)
     install_error_handlers(app, on_error=engine.count_http_error)
 
@@ -149,18 +150,23 @@ def create_app(engine: LLMEngine, model_name: str, api_keys: list[str] | None = 
             choices=[ChatChoice(message=ChatMessageOut(content=text), logprobs=made, finish_reason=_reason(out))],
         )
 
+    def allowed(body: CompletionRequest | ChatCompletionRequest, request: Request) -> None:
+        check_priority(body.priority, auth.priority_floor(request))
+
     @served.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
+        allowed(body, request)
         prompt, params = await asyncio.to_thread(prepare, engine, model_name, body)  # tokenizing: off the event loop
         faults.check()
         return await respond_completion(body, request, faults.slow(engine.stream(prompt, params,
-                                                                                  client=client_id(request))), prompt)
+                                                                                  client=auth.client_of(request))), prompt)
 
     @served.post("/v1/chat/completions")
     async def chat(body: ChatCompletionRequest, request: Request):
+        allowed(body, request)
         prompt, params = await asyncio.to_thread(prepare, engine, model_name, body)
         faults.check()
-        return await respond_chat(body, request, faults.slow(engine.stream(prompt, params, client=client_id(request))),
+        return await respond_chat(body, request, faults.slow(engine.stream(prompt, params, client=auth.client_of(request))),
                                   prompt)
 
     @served.post("/internal/resume")
@@ -171,13 +177,13 @@ def create_app(engine: LLMEngine, model_name: str, api_keys: list[str] | None = 
         check_token_ids(body.prompt_token_ids + body.resume.output_token_ids, engine.vocab_size)
         params = params_for(parsed, len(body.prompt_token_ids), engine)
         faults.check()
-        stream = faults.slow(engine.stream(body.prompt_token_ids, params, resume=body.resume, client=client_id(request)))
+        stream = faults.slow(engine.stream(body.prompt_token_ids, params, resume=body.resume, client=auth.client_of(request)))
         respond = respond_chat if body.api == "chat/completions" else respond_completion
         return await respond(parsed, request, stream, body.prompt_token_ids)
 
     if transport is not None:
         served.include_router(pd_routes(engine, model_name, transport, respond_completion, respond_chat, host,
-                                        faults=faults))
+                                        faults=faults, client_of=auth.client_of))
 
     app.include_router(open_routes)
     app.include_router(admin_routes(switch), dependencies=[Depends(auth)])

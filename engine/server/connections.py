@@ -1,8 +1,9 @@
 """Bounded reads for every HTTP server tideflow runs (members, the router, the encoder, the controller): a
 request's head must arrive within `header_timeout_s`, and one client address may hold at most
-`max_per_address` connections. A slow or hoarding client is answered 408 or 503 and closed, instead of
-holding sockets for ever until the process reaches its descriptor limit and slows for everyone (20,000
-held connections did that to the router). The body's own read timeout is engine.server.limits.BodyLimit's.
+`max_connections_per_address` connections. A slow or hoarding client is answered 408 or 503 and closed,
+instead of holding sockets for ever until the process reaches its descriptor limit and slows for everyone
+(20,000 held connections did that to the router). The body's own read timeout is
+engine.server.limits.BodyLimit's; the bounds and their flags are engine.server.connection_limits'.
 
 uvicorn (h11) has an idle keep-alive timeout but no bound on a request's head nor on connections per
 address; this protocol adds both and is otherwise uvicorn's own.
@@ -15,15 +16,10 @@ import sys
 from collections import Counter
 
 import uvicorn
-from pydantic import BaseModel, Field
 from uvicorn.main import STARTUP_FAILURE
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-
-class ConnectionLimits(BaseModel):
-    header_timeout_s: float = Field(10.0, gt=0, description="a request's line and headers arrive within this (408)")
-    body_timeout_s: float = Field(30.0, gt=0, description="a request body's next bytes arrive within this (408)")
-    max_per_address: int = Field(256, ge=1, description="open connections one client address may hold (503 beyond)")
+from engine.server.connection_limits import ConnectionLimits
 
 
 def _refusal(status: int, reason: str, message: str) -> bytes:
@@ -43,9 +39,10 @@ def bounded_protocol(limits: ConnectionLimits) -> type[H11Protocol]:
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             peer = transport.get_extra_info("peername")
             address = peer[0] if isinstance(peer, tuple) else None
-            if address is not None and open_per_address[address] >= limits.max_per_address:
-                transport.write(_refusal(503, "Service Unavailable", f"{address} holds {limits.max_per_address} "
-                                                                     "connections already; reuse or close them"))
+            cap = limits.max_connections_per_address
+            if address is not None and open_per_address[address] >= cap:
+                transport.write(_refusal(503, "Service Unavailable", f"{address} holds {cap} connections already; "
+                                                                     "reuse or close them"))
                 transport.close()
                 return
             if address is not None:
@@ -90,12 +87,12 @@ def bounded_protocol(limits: ConnectionLimits) -> type[H11Protocol]:
     return BoundedH11Protocol
 
 
-def server_config(app, limits: ConnectionLimits | None = None, **kwargs) -> uvicorn.Config:
+def server_config(app, limits: ConnectionLimits, **kwargs) -> uvicorn.Config:
     """uvicorn's Config with tideflow's bounded reads; `kwargs` are uvicorn's own (host, port, log_level...)."""
-    return uvicorn.Config(app, http=bounded_protocol(limits or ConnectionLimits()), **kwargs)
+    return uvicorn.Config(app, http=bounded_protocol(limits), **kwargs)
 
 
-def run_server(app, limits: ConnectionLimits | None = None, **kwargs) -> None:
+def run_server(app, limits: ConnectionLimits, **kwargs) -> None:
     """uvicorn.run with bounded reads, ending as it does: SIGINT/SIGTERM are a clean exit, a failed start exit 3."""
     server = uvicorn.Server(server_config(app, limits, **kwargs))
     try:

@@ -23,8 +23,9 @@ from engine.encoder.images import ImageError
 from engine.encoder.prompt import EncodedImage
 from engine.encoder.worker import EncoderWorker
 from engine.errors import TideflowError
-from engine.server.auth import BearerAuth
+from engine.server.auth import ApiKey, BearerAuth
 from engine.server.errors import APIError, error_response, install_error_handlers
+from engine.server.limits import BodyLimit
 from engine.metrics import MetricFactory
 
 log = logging.getLogger(__name__)
@@ -86,9 +87,11 @@ class EncoderService:
         self.ready = True
 
 
-def create_encoder_app(service: EncoderService, factory: MetricFactory, api_keys: list[str]) -> FastAPI:
+def create_encoder_app(service: EncoderService, factory: MetricFactory, api_keys: list[str | ApiKey], *,
+                       max_body_bytes: int, body_timeout_s: float) -> FastAPI:
     auth = BearerAuth(api_keys)
     app = FastAPI(title="tideflow encoder", docs_url=None, redoc_url=None, openapi_url=None)
+    app.add_middleware(BodyLimit, max_bytes=max_body_bytes, read_timeout_s=body_timeout_s)
     install_error_handlers(app)
     routes = APIRouter(dependencies=[Depends(auth)])
 
@@ -127,6 +130,7 @@ def serve_encoder(args: argparse.Namespace) -> int:
 
     from engine.encoder.vision import load_vision_encoder
     from engine.server.auth import load_api_keys
+    from engine.server.connection_limits import from_args
 
     try:
         keys = load_api_keys(args.api_key_file)
@@ -143,6 +147,8 @@ def serve_encoder(args: argparse.Namespace) -> int:
 
     from engine.server.connections import run_server
 
-    run_server(create_encoder_app(service, factory, keys), host=args.host, port=args.port, log_level="warning",
-               timeout_keep_alive=MEMBER_KEEP_ALIVE_S)
+    limits = from_args(args)
+    app = create_encoder_app(service, factory, keys, max_body_bytes=args.max_body_bytes,
+                             body_timeout_s=limits.body_timeout_s)
+    run_server(app, limits, host=args.host, port=args.port, log_level="warning", timeout_keep_alive=MEMBER_KEEP_ALIVE_S)
     return 0

@@ -105,8 +105,8 @@ def install_error_handlers(app: FastAPI, on_error=None) -> None:
 
     @app.exception_handler(BodyReadTimeout)
     async def _stalled(request: Request, exc: BodyReadTimeout) -> JSONResponse:
-        log.info("client %s: %s (%s)", _peer(request), exc, request.url.path)
-        return answer(408, str(exc), code="request_timeout")
+        log.info("client %s: %s (%s)", _peer(request), exc.detail, request.url.path)
+        return answer(408, exc.detail, code="request_timeout")
 
     @app.exception_handler(ClientDisconnect)
     async def _gone(request: Request, exc: ClientDisconnect) -> Response:

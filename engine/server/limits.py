@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 import json
 
+from starlette.exceptions import HTTPException
+
 DEFAULT_MAX_BODY_BYTES = 8 << 20  # room for a few base64 images in a chat request
 # A member keeps idle connections open this long: longer than the router's keep-alive expiry (2 s), so the
 # router never sends a request on a socket the member is closing.
@@ -20,8 +22,12 @@ MEMBER_KEEP_ALIVE_S = 30
 DEFAULT_BODY_TIMEOUT_S = 30.0
 
 
-class BodyReadTimeout(Exception):
-    """A request body stalled: answered 408 (engine.server.errors)."""
+class BodyReadTimeout(HTTPException):
+    """A request body stalled: answered 408 (engine.server.errors). An HTTPException, so that FastAPI passes it on
+    from reading a route's body parameter instead of answering 400 "There was an error parsing the body"."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(408, detail)
 
 
 class BodyLimit:
@@ -81,6 +87,7 @@ class BodyLimit:
             return await receive()
 
         await self.app(scope, replay, send)
+
     async def _refuse(self, send) -> None:
         await self._answer(send, 413, f"request body over {self.max_bytes} bytes", "request_too_large")
 

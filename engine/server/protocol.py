@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationInfo, field_validator
 
-from engine.core.sampling import MAX_LOGIT_BIAS, MAX_TOP_LOGPROBS, SamplingParams
+from engine.core.sampling import MAX_LOGIT_BIAS, MAX_TOP_LOGPROBS, PRIORITY_RANGE, SamplingParams
 from engine.tokenizer import ChatMessage, Text
 
 
@@ -55,6 +55,8 @@ class _GenerationFields(BaseModel):
     ignore_eos: StrictBool = Field(False, description="extra: generate past end-of-sequence tokens")
     logit_bias: dict[str, Number] | None = Field(
         None, description=f"token id (as a string) -> bias in [-100, 100] added to its logit; at most {MAX_LOGIT_BIAS}")
+    priority: StrictInt = Field(0, ge=PRIORITY_RANGE[0], le=PRIORITY_RANGE[1],
+                                description="extra (vLLM's): lower runs first; no lower than the API key may ask for")
 
     # refused unless unset (UNSERVED_FIELDS); declared so that a refusal names its field
     best_of: Any = Field(None, description="not served (n is 1)")
@@ -101,7 +103,7 @@ class _GenerationFields(BaseModel):
         return SamplingParams(
             max_tokens=max_tokens, temperature=self.temperature, top_p=self.top_p, top_k=max(self.top_k, 0),
             seed=self.seed, stop=stop, ignore_eos=self.ignore_eos, logprobs=self.top_logprob_count,
-            logit_bias={int(token): bias for token, bias in (self.logit_bias or {}).items()},
+            logit_bias={int(token): bias for token, bias in (self.logit_bias or {}).items()}, priority=self.priority,
         )
 
     @property

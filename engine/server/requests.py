@@ -40,6 +40,13 @@ def params_for(body: Body, prompt_len: int, engine) -> SamplingParams:
     return params
 
 
+def check_priority(priority: int, floor: int | None) -> None:
+    """APIError 403 when a request asks to go before what its API key may (ApiKey.priority_floor; None: any)."""
+    if floor is not None and priority < floor:
+        raise APIError(403, f"priority {priority} is more urgent than this API key may ask for (priority >= {floor}; "
+                            "lower runs first)", param="priority", code="priority_not_allowed")
+
+
 def check_model(requested: str, served: str) -> None:
     if requested != served:
         raise APIError(404, f"the model {clip(requested)} does not exist; this server serves '{served}'",

@@ -37,6 +37,7 @@ POOL_LABEL = "tideflow.dev/warm-pool"
 NAME_LABEL = "app.kubernetes.io/name"
 
 ENGINE_PORT = 8100
+MEMBER_KEY_ENV = "TIDEFLOW_MEMBER_KEY"  # read by TIDEFLOW_API_KEYS's $(...) reference, which Kubernetes expands
 KEYS_SECRET = "tideflow-keys"  # every key of the fleet; deployments/kubernetes/ maps them to env vars
 NODE_CACHE = "/var/lib/tideflow"  # hostPath: the node's weights cache, TIDEFLOW_HOME inside the pod
 STARTUP_BUDGET_S = 900  # weights load + warmup allowed before liveness applies
@@ -89,7 +90,9 @@ def _env() -> list[dict[str, Any]]:
         {"name": "TIDEFLOW_INSTANCE", "valueFrom": field(f"metadata.labels['{LWS_GROUP_INDEX_LABEL}']")},
         {"name": "TIDEFLOW_HOME", "value": NODE_CACHE},
         # The members' API key: only the router and the controller hold it (deployments/kubernetes/README.md).
-        {"name": "TIDEFLOW_API_KEYS", "valueFrom": {"secretKeyRef": {"name": KEYS_SECRET, "key": "member"}}},
+        # It forwards (engine.server.auth.ApiKey): the router names the client each request is for.
+        {"name": MEMBER_KEY_ENV, "valueFrom": {"secretKeyRef": {"name": KEYS_SECRET, "key": "member"}}},
+        {"name": "TIDEFLOW_API_KEYS", "value": f"$({MEMBER_KEY_ENV}) forwards"},
     ]
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import threading
@@ -88,6 +89,28 @@ def test_apply_that_waits_exits_non_zero_when_the_group_is_not_up_in_time(contro
         assert "error: group ctl-slow is" in done.stderr and "after 0.2s" in done.stderr
     finally:
         controller.delete("ctl-slow", drain_s=0)
+
+
+def test_apply_that_waits_exits_non_zero_naming_the_memory_a_group_that_does_not_fit_needs(controller, spec, tmp_path):
+    """A group that asks for more memory than the host has is refused before any member starts (started, its
+    members would be OOM-killed over and over): `group apply --wait-s` exits 1 with the reason, status shows it."""
+    huge = spec.model_dump(mode="json") | {"name": "ctl-huge"}
+    huge["roles"][0]["engine"]["kv_cache_bytes"] = 1 << 50  # a PiB of KV cache
+    path = tmp_path / "ctl-huge.yaml"
+    path.write_text(json.dumps(huge))
+    try:
+        done = cli("group", "apply", str(path), "--wait-s", "60")
+        assert done.returncode == 1, (done.stdout, done.stderr)
+        assert json.loads(done.stdout)["state"] == "Failed"
+        assert re.match(r"error: group ctl-huge is Failed: gave up after 3 restarts: could not start group ctl-huge: "
+                        r"it needs 1048576\.\d GiB of host memory for 1 member, but [\d.]+ [MG]iB is free for them "
+                        r"\(MemAvailable of /proc/meminfo", done.stderr), done.stderr
+        (view,) = [g for g in controller.status().groups if g.name == "ctl-huge"]
+        assert view.members == [] and "the largest, colocated 0/0, needs" in view.message
+        status = cli("status")
+        assert "ctl-huge" in status.stdout and "--no-capacity-check" in status.stdout
+    finally:
+        controller.delete("ctl-huge", drain_s=0)
 
 
 def test_router_killed_is_restarted_with_every_ready_group(serving):

@@ -10,7 +10,7 @@ from pydantic import ValidationError
 
 from engine.group.argv import serve_argv
 from engine.group.spec import GroupSpecError, InferenceGroup, Member
-from engine.serve_cli import add_commands, engine_config
+from engine.serve_cli import add_commands, engine_config, member_connection_limits
 
 GROUPS = Path(__file__).resolve().parents[3] / "deployments" / "groups"
 
@@ -207,6 +207,19 @@ def test_a_member_is_started_with_the_group_s_engine_knobs(field, value, default
     parser = argparse.ArgumentParser()
     add_commands(parser.add_subparsers())
     assert getattr(engine_config(parser.parse_args(argv)), field) == (default if value is None else value)
+
+
+@pytest.mark.parametrize("engine,cap", [({}, 256 + 64 + 256), ({"max_num_seqs": 8, "max_queue": 1000}, 256 + 8 + 1000),
+                                        ({"max_connections_per_address": 4096}, 4096)])
+def test_a_member_s_connection_cap_follows_the_group_s_spec(engine, cap):
+    """Unset, a member's cap leaves its router a connection per request the engine admits; set, the spec's own."""
+    group = InferenceGroup.model_validate(pd(roles=[{"role": "colocated", "engine": engine}]))
+    argv = serve_argv(group, group.role("colocated"), model="/m", host="127.0.0.1", port=1, served_name="m")
+    assert ("--max-connections-per-address" in argv) == ("max_connections_per_address" in engine)
+    parser = argparse.ArgumentParser()
+    add_commands(parser.add_subparsers())
+    args = parser.parse_args(argv)
+    assert member_connection_limits(args, engine_config(args)).max_connections_per_address == cap
 
 
 def test_a_role_may_run_its_engine_core_apart_where_it_can():

@@ -9,7 +9,8 @@ import socket
 import pytest
 from fastapi import FastAPI, Request
 
-from engine.server.connections import ConnectionLimits, bounded_protocol
+from engine.server.connection_limits import ConnectionLimits
+from engine.server.connections import bounded_protocol
 from engine.server.errors import install_error_handlers
 from engine.server.inproc import serve_in_thread
 from engine.server.limits import BodyLimit
@@ -35,7 +36,7 @@ def app_with_limits(body_timeout_s: float) -> FastAPI:
 
 @pytest.fixture
 def server():
-    limits = ConnectionLimits(header_timeout_s=HEAD_S, body_timeout_s=HEAD_S, max_per_address=3)
+    limits = ConnectionLimits(header_timeout_s=HEAD_S, body_timeout_s=HEAD_S, max_connections_per_address=3)
     with serve_in_thread(app_with_limits(HEAD_S), http=bounded_protocol(limits), timeout_keep_alive=30) as url:
         yield int(url.rsplit(":", 1)[1])
 
