@@ -41,10 +41,10 @@ def client_key(i: int) -> str:
     return f"fairness-client-{i}"
 
 
-def start(model_dir: Path, policy: str, clients: int, log_dir: Path) -> tuple[Child, str]:
+def start(model_dir: Path, policy: str, clients: int, log_dir: Path, serve_args: list[str]) -> tuple[Child, str]:
     port = free_port()
     argv = tideflow_argv("serve", "--model", str(model_dir), "--port", str(port), "--served-model-name", "default",
-                         "--kernels", "auto", "--scheduling", policy)
+                         "--kernels", "auto", "--scheduling", policy, *serve_args)
     keys = ",".join([FLOOD_KEY] + [client_key(i) for i in range(clients)])
     child = Child(f"serve-{policy}", argv, log_dir / f"serve-{policy}.log", {"TIDEFLOW_API_KEYS": keys})
     url = f"http://127.0.0.1:{port}"
@@ -118,6 +118,8 @@ def main() -> int:
     ap.add_argument("--short-prompt", type=int, default=64)
     ap.add_argument("--short-output", type=int, default=16)
     ap.add_argument("--unloaded-requests", type=int, default=10)
+    ap.add_argument("--serve-arg", action="append", default=[], metavar="ARG",
+                    help="one more `tideflow serve` argument (repeatable), e.g. --serve-arg=--engine-core=process")
     ap.add_argument("--window-s", type=float, default=30.0)
     args = ap.parse_args()
 
@@ -128,7 +130,7 @@ def main() -> int:
         short = [[synth.make(args.short_prompt)[0] for _ in range(200)] for _ in range(args.clients)]
         rows = []
         for policy in args.policies:
-            child, url = start(model_dir, policy, args.clients, Path(tmp))
+            child, url = start(model_dir, policy, args.clients, Path(tmp), args.serve_arg)
             try:
                 unloaded, _ = asyncio.run(short_clients(url, short, args.short_output, None, args.unloaded_requests))
                 ttfts, flood_rate, short_rate = asyncio.run(loaded(url, flood_prompts, short, args))
