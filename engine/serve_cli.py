@@ -195,6 +195,7 @@ def serve_split(args: argparse.Namespace) -> int:
     from engine.core.core_process import CoreSpec
     from engine.server.api_servers import ApiServerSpec, ExtraApiServers, remove_socket_dir, serve_api
     from engine.server.core_client import CoreClient, CoreGone, socket_dir, start_core
+    from engine.server.auth import load_api_keys
     from engine.server.faults import FaultConfig
     from engine.tokenizer import Tokenizer
     from engine.weights import WeightsError, require_verified
@@ -208,6 +209,7 @@ def serve_split(args: argparse.Namespace) -> int:
         config = engine_config(args)
         if args.faults:
             FaultConfig.parse(args.faults)  # a bad --faults is refused here, not by each API server
+        load_api_keys(args.api_key_file)  # and so is a bad key entry (the API servers read the same)
         if args.require_verified or (Path(args.model) / MANIFEST_NAME).exists():
             require_verified(args.model)
         tokenizer = Tokenizer(args.model)

@@ -112,6 +112,9 @@ class Tokenizer:
         eos_id = self._tok.token_to_id(eos) if isinstance(eos, str) else None
         self.eos_ids: tuple[int, ...] = (eos_id,) if eos_id is not None else ()
         self._special_ids = frozenset(self._tok.get_added_tokens_decoder())
+        # this tokenizer's own cache of token bytes (a class-wide lru_cache would key on self and keep every
+        # Tokenizer alive)
+        self.token_bytes = functools.lru_cache(maxsize=65536)(self.token_bytes)
 
     @property
     def vocab_size(self) -> int:
@@ -135,7 +138,6 @@ class Tokenizer:
     def decode(self, ids: list[int]) -> str:
         return self._tok.decode(ids, skip_special_tokens=True)
 
-    @functools.lru_cache(maxsize=65536)
     def token_bytes(self, token_id: int) -> bytes:
         """The bytes one token stands for, as the logprobs' `bytes` field reports them: a byte-level token may hold
         part of a character, which decode() renders as U+FFFD. A special token is its own text."""

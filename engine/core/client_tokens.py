@@ -19,8 +19,10 @@ class ClientTokens:
         """Count `tokens` against `client`: None when taken, else what the client holds already (refused)."""
         with self._lock:
             held = self._held.get(client, 0)
-            if self.cap is not None and held and held + tokens > self.cap:
-                return held  # a client holding nothing is never refused: one request fits the context
+            # a client holding nothing is never refused (one request fits the context), nor an unnamed one: ""
+            # is every caller a server cannot tell apart (no keys, or a router that has none for its clients)
+            if self.cap is not None and client and held and held + tokens > self.cap:
+                return held
             self._held[client] = held + tokens
             return None
 

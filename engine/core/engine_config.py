@@ -31,10 +31,11 @@ class EngineKnobs(BaseModel):
         "(nobody is likely to join it); arrivals closer together still gather; 0: every window waits max_wait_ms",
     )
     max_queue: int = Field(256, ge=0, description="requests allowed to wait for admission; beyond it requests get 429")
-    max_client_tokens: int = Field(
-        65536, ge=0, description="most tokens (prompt + max_tokens of its unfinished requests) one client (API key) may "
-                                 "have open in this engine; beyond it its requests get 429 (a client holding nothing "
-                                 "is always admitted); 0 = no cap")
+    max_client_tokens: int | None = Field(
+        None, ge=0, description="most tokens (prompt + max_tokens of its unfinished requests) one client (API key) may "
+                                "have open in this engine; beyond it its requests get 429 (a client holding nothing, "
+                                "and an unnamed one, is always admitted); None: 16 x the context (a chat request "
+                                "without max_tokens counts the whole context); 0 = no cap")
     enable_prefix_cache: bool = Field(True, description="reuse KV blocks of shared prompt prefixes")
     scheduling: Literal["fair", "fcfs"] = Field(
         "fair", description="fair: steps, running slots and KV blocks are shared between clients (API keys) by tokens "

@@ -46,6 +46,7 @@ from engine.tokenizer import Tokenizer
 log = logging.getLogger(__name__)
 
 DEFAULT_KV_FRACTION = 0.2
+CLIENT_CONTEXTS = 16  # the default per-client cap on open tokens, in whole contexts (EngineConfig.max_client_tokens)
 
 
 class EngineError(TideflowError):
@@ -121,7 +122,7 @@ class LLMEngine:
         self._calls_open = False  # True while the engine thread takes calls
         self._calls_lock = threading.Lock()
         self._submit_lock = threading.Lock()
-        self.client_tokens = ClientTokens(config.max_client_tokens or None)
+        self.client_tokens = ClientTokens(self._client_cap())
         self.failure: str | None = None  # why the engine thread ended on an error; new requests get it
         self.on_failure: Callable[[str], None] | None = None  # called once its requests have failed (serve exits)
         self._wake = threading.Event()
@@ -183,7 +184,7 @@ class LLMEngine:
         prompt's KV for a decode worker (the prefill role). `images` carries the embeddings of a
         prompt with images (engine.encoder.prompt.spliced_prompt of the same token ids). `resume`
         continues a request another worker streamed part of (its tokens are recomputed, not resent). `client` names
-        who asked (engine.server.auth.client_id): the scheduler shares the engine between clients."""
+        who asked (a digest of the client's API key): the scheduler shares the engine between clients."""
         self.check(prompt_tokens, params, resume)
         request_id = request_id or f"req-{next(self._ids)}"
         seq = Sequence(request_id, list(prompt_tokens), params, _seed(params, resume), handoff=handoff, client=client)
@@ -229,7 +230,7 @@ class LLMEngine:
             held = self.client_tokens.take(seq.client, tokens)
             if held is not None:
                 raise QueueFull(f"this API key has {held} tokens (prompt + max_tokens) open on this server and may have "
-                                f"{self.config.max_client_tokens}; this request adds {tokens}: wait for some to finish")
+                                f"{self.client_tokens.cap}; this request adds {tokens}: wait for some to finish")
             req.open_tokens = tokens
             self._adds.append(req)
         self._wake.set()
@@ -313,7 +314,14 @@ class LLMEngine:
         self.allocator = BlockAllocator(num_blocks, self.config.block_size, self.config.enable_prefix_cache)
         self.scheduler.allocator = self.allocator
         self.max_model_len = min(self.model.config.context_length, num_blocks * self.config.block_size)
+        self.client_tokens.cap = self._client_cap()
         self.stats = {**self.stats, "kv_blocks_free": num_blocks}
+
+    def _client_cap(self) -> int | None:
+        """Tokens one client may hold open here: the configured cap, by default room for CLIENT_CONTEXTS requests
+        of the whole context (a chat request without max_tokens asks for the rest of it); None: no cap."""
+        cap = self.config.max_client_tokens
+        return CLIENT_CONTEXTS * self.max_model_len if cap is None else (cap or None)
 
     def _on_engine_thread(self, fn: Callable[[], None]) -> None:
         """Run `fn` on the engine thread while it runs (inline otherwise), and wait for it: the KV cache's

@@ -125,6 +125,7 @@ class Scheduler:
         self.prefix_stats = PrefixStats()
         self.served: dict[str, int] = {}  # client -> tokens computed for it (virtual time), active clients only
         self.seen: dict[str, float] = {}  # client -> when it last had work (clients of the last RECENT_S)
+        self._closed_last = False  # the last step admitted a client with nothing running (others' prefill closed)
 
     @property
     def num_queued(self) -> int:
@@ -205,6 +206,7 @@ class Scheduler:
                 queues[client].popleft()
             if not queues[client]:
                 del queues[client]
+        self._closed_last = bool(step.fresh)
         if step.admitted:
             self.running.sort(key=lambda s: s.arrival)
         return StepPlan(step.batch, departed, step.preempted)
@@ -217,8 +219,10 @@ class Scheduler:
             return False
         # A client with nothing running waits for its first token: with others about, the rest of this step's
         # prefill is its to wait for, so once it is in, the step carries no more of the others' (their decode
-        # tokens still run)
-        fresh = self.fair and len(self.seen) > 1 and not any(self.client_of(s) == client for s in self.running)
+        # tokens still run). Never two such steps in a row: newcomers arriving every step would starve the
+        # prompts being filled
+        fresh = self.fair and len(self.seen) > 1 and not self._closed_last and \
+            not any(self.client_of(s) == client for s in self.running)
         if fresh:
             step.fresh.add(client)
         while True:

@@ -276,8 +276,9 @@ class LocalProcessBackend(Backend):
             for instance in range(current, instances):
                 self._start_instance(run, role, instance)
         except GpuShortage as exc:
-            run.estimates = {m: e for m, e in run.estimates.items() if m in run.children}  # the rest never started
             raise BackendError(f"could not scale {group_name}/{role} to {instances} instances: it {exc}") from None
+        finally:  # however it failed, what never started reserves no memory
+            run.estimates = {m: e for m, e in run.estimates.items() if m in run.children}
         gone = [m for m in run.children if m.role == role and m.instance >= instances]
         for member in gone:
             run.children.pop(member).stop()

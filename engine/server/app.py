@@ -173,6 +173,7 @@ def create_app(engine: LLMEngine, model_name: str, api_keys: list[str | ApiKey] 
     async def resume(body: ResumeRequest, request: Request):
         """A request whose worker failed mid-stream, continued here (the router migrates it)."""
         parsed = parse_body(body.api, body.request)
+        allowed(parsed, request)
         check_model(parsed.model, model_name)
         check_token_ids(body.prompt_token_ids + body.resume.output_token_ids, engine.vocab_size)
         params = params_for(parsed, len(body.prompt_token_ids), engine)
@@ -183,7 +184,7 @@ def create_app(engine: LLMEngine, model_name: str, api_keys: list[str | ApiKey] 
 
     if transport is not None:
         served.include_router(pd_routes(engine, model_name, transport, respond_completion, respond_chat, host,
-                                        faults=faults, client_of=auth.client_of))
+                                        faults=faults, auth=auth))
 
     app.include_router(open_routes)
     app.include_router(admin_routes(switch), dependencies=[Depends(auth)])

@@ -38,7 +38,7 @@ class ApiKey(BaseModel):
     defer its own). A forwarding key is a router's: its requests name their client (CLIENT_HEADER) and had their
     priority bounded by that client's key where they came in."""
 
-    key: str = Field(min_length=1)
+    key: str = Field(min_length=1, repr=False)  # a secret: never in a repr, a log line or an error
     priority_floor: int = Field(0, ge=PRIORITY_RANGE[0], le=PRIORITY_RANGE[1],
                                 description="requests of this key may ask for priority >= this")
     forwards: bool = Field(False, description="a router's key: trusted to name the client and its priority")
@@ -68,7 +68,14 @@ def load_api_keys(key_file: str | Path | None = None, environ: dict[str, str] | 
     if key_file is not None:
         lines = Path(key_file).read_text().splitlines()
         entries += [ln.strip() for ln in lines if ln.strip() and not ln.lstrip().startswith("#")]
-    return [ApiKey.parse(entry) for entry in entries]
+    keys = [ApiKey.parse(entry) for entry in entries]
+    seen: set[str] = set()
+    for i, k in enumerate(keys):
+        if k.key in seen:  # two entries of one key would grant whichever came last, silently
+            raise ValueError(f"API key entry {i + 1} repeats an earlier key (the key itself is not shown); "
+                             "keep one entry per key")
+        seen.add(k.key)
+    return keys
 
 
 class BearerAuth:
@@ -96,13 +103,15 @@ class BearerAuth:
         return None if key is None or key.forwards else key.priority_floor
 
     def client_of(self, request: Request) -> str:
-        """Whom the engine serves with this request, as its fair scheduler counts: the client a forwarding key
-        names, else the caller's own key (digested); "" for a server without keys."""
+        """Whom the engine serves with this request, as its fair scheduler and its token cap count: the client a
+        forwarding key names ("": one it cannot name, the router having no client keys), else the caller's own key
+        (digested); "" for a server without keys."""
         key = self._match(request)
         if key is None:
             return ""
-        named = request.headers.get(CLIENT_HEADER)
-        return named[:MAX_CLIENT_CHARS] if key.forwards and named else key_digest(key.key)
+        if key.forwards:
+            return request.headers.get(CLIENT_HEADER, "")[:MAX_CLIENT_CHARS]
+        return key_digest(key.key)
 
     def _match(self, request: Request) -> ApiKey | None:
         if not self._keys:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
 
 from fastapi import APIRouter, Request
 
@@ -19,7 +18,8 @@ from engine.server.faults import FaultInjector
 from engine.core.llm_engine import LLMEngine
 from engine.core.pd import DecodeRequest, Handoff, HandoffResult, PrefillRequest, new_transfer_id
 from engine.server.errors import APIError
-from engine.server.requests import check_model, check_token_ids, params_for, parse_body
+from engine.server.auth import BearerAuth
+from engine.server.requests import check_model, check_priority, check_token_ids, params_for, parse_body
 from engine.transfer import KVTransferError, TransportKind, make_receiver, make_sender
 
 KV_FETCH_TIMEOUT_S = 30.0
@@ -27,10 +27,10 @@ KV_FETCH_TIMEOUT_S = 30.0
 
 def pd_routes(engine: LLMEngine, model_name: str, transport: TransportKind, respond_completion, respond_chat,
               host: str = "127.0.0.1", fetch_timeout_s: float = KV_FETCH_TIMEOUT_S,
-              *, client_of: Callable[[Request], str], faults: FaultInjector | None = None) -> APIRouter:
-    """`host` is where the TCP transport serves staged KV (the worker's own address); `client_of` names whom a
-    request is for (BearerAuth.client_of); `faults` (tests and drills only) slows the decode role's streams as
-    it slows the colocated routes."""
+              *, auth: BearerAuth, faults: FaultInjector | None = None) -> APIRouter:
+    """`host` is where the TCP transport serves staged KV (the worker's own address); `auth` names whom a request
+    is for and bounds its priority (a request the router forwards was bounded there); `faults` (tests and
+    drills only) slows the decode role's streams as it slows the colocated routes."""
     faults = faults or FaultInjector()
     routes = APIRouter()
     sender = make_sender(transport, host=host)
@@ -48,12 +48,13 @@ def pd_routes(engine: LLMEngine, model_name: str, transport: TransportKind, resp
     @routes.post("/internal/prefill")
     async def prefill(body: PrefillRequest, request: Request) -> HandoffResult:
         parsed = parse_body("chat/completions" if "messages" in body.request else "completions", body.request)
+        check_priority(parsed.priority, auth.priority_floor(request))
         check_model(parsed.model, model_name)
         check_token_ids(body.prompt_token_ids + _resumed(body), engine.vocab_size)
         params = params_for(parsed, len(body.prompt_token_ids), engine)
         handoff = Handoff(sender, new_transfer_id())
         stream = engine.stream(body.prompt_token_ids, params, handoff=handoff, images=spliced(body), resume=body.resume,
-                               client=client_of(request))
+                               client=auth.client_of(request))
         async for out in stream:
             if out.error is not None:
                 raise APIError(500, out.error, code="engine_error")
@@ -64,6 +65,7 @@ def pd_routes(engine: LLMEngine, model_name: str, transport: TransportKind, resp
     @routes.post("/internal/decode")
     async def decode(body: DecodeRequest, request: Request):
         parsed = parse_body(body.api, body.request)
+        check_priority(parsed.priority, auth.priority_floor(request))
         check_model(parsed.model, model_name)
         check_token_ids(body.prompt_token_ids + _resumed(body), engine.vocab_size)
         params = params_for(parsed, len(body.prompt_token_ids), engine)
@@ -82,7 +84,7 @@ def pd_routes(engine: LLMEngine, model_name: str, transport: TransportKind, resp
             receiver.release(body.descriptor)
 
         stream = faults.slow(engine.stream_prefilled(body.prompt_token_ids, params, body, kv, release, images,
-                                                     body.resume, client=client_of(request)))
+                                                     body.resume, client=auth.client_of(request)))
         respond = respond_chat if body.api == "chat/completions" else respond_completion
         return await respond(parsed, request, stream, body.prompt_token_ids)
 

@@ -35,6 +35,18 @@ def test_a_client_at_its_cap_is_refused_and_another_is_not(engine):
     assert (engine.client_tokens.held("flood"), engine.client_tokens.held("other")) == (100, 50)
     big = SamplingParams(max_tokens=400, ignore_eos=True)  # alone above the cap, and nothing held: admitted
     engine.submit(PROMPT, big, lambda out: None, client="newcomer")
+    for _ in range(3):  # "" is every caller the server cannot tell apart: never capped as one client
+        engine.submit(PROMPT, params, lambda out: None, client="")
+
+
+def test_the_default_cap_is_sixteen_whole_contexts(tiny_model_dir):
+    """A chat request without max_tokens asks for the rest of the context: a fixed default cap would let a key
+    of a long-context model hold one or two of them."""
+    made = LLMEngine(load_model(tiny_model_dir), Tokenizer(tiny_model_dir), EngineConfig(kv_cache_bytes=16 << 20))
+    try:
+        assert made.client_tokens.cap == 16 * made.max_model_len
+    finally:
+        made.stop()
 
 
 def test_tokens_come_back_when_requests_finish_or_are_aborted(engine):

@@ -332,3 +332,15 @@ def test_prefilled_imports_go_to_the_client_running_the_fewest_then_by_arrival()
     fcfs = Scheduler(BlockAllocator(256, 4), 8, SHARED, 0.0, fair=False)
     waiting[1].params = waiting[1].params.model_copy(update={"priority": 0})
     assert fcfs.next_import(waiting).request_id == "f3"  # arrival order
+
+
+def test_a_step_closed_for_a_newcomer_is_never_followed_by_another():
+    """Newcomers arriving every step would otherwise hold a prompt being filled at no prefill at all."""
+    s = Scheduler(BlockAllocator(1024, 4), 64, SHARED, 0.0)
+    s.add(client_seq("long", "l0", 400, max_tokens=2), 0.0)
+    assert step(s) == {"l0": SHARED}  # alone: the whole step
+    got = []
+    for i in range(6):
+        s.add(client_seq(f"c{i}", f"n{i}", 2, max_tokens=1, first=1000 + 10 * i), 0.0)
+        got.append(step(s).get("l0", 0))
+    assert got == [0, 8, 0, 8, 0, 8]

@@ -31,6 +31,10 @@ def test_key_entries_carry_their_priority_floor(tmp_path):
     for bad in ("k priority=-1", "k urgent>=1", "k priority>=x", "k priority>=-99999999999"):
         with pytest.raises(ValueError):
             ApiKey.parse(bad)
+    with pytest.raises(ValueError, match="repeats an earlier key") as refused:
+        load_api_keys(keys_file, environ={"TIDEFLOW_API_KEYS": "batch-key"})  # plain here, priority>=5 in the file
+    assert "batch-key" not in str(refused.value)
+    assert "ops-key" not in repr(keys[2]) and "ops-key" not in str(keys[2])
 
 
 def test_the_priority_reaches_the_engine_with_the_sampling_params():
@@ -61,7 +65,7 @@ def test_a_member_serving_clients_bounds_each_key_s_priority(member, key, priori
 @pytest.mark.parametrize("key, status", [("router-key", 200), ("plain-key", 403)])
 def test_a_member_takes_the_router_s_word_and_only_the_router_s(member, key, status):
     """The router's key forwards: the request names its client and was bounded by that client's key at the
-    router. A client key naming a client is not believed: its own bound holds."""
+    router. A client key sending the same header gets its own bound."""
     with member.client(key) as c:
         r = c.post("/v1/chat/completions", headers={CLIENT_HEADER: "0123456789abcdef"},
                    json={"model": MODEL, "max_tokens": 2, "priority": -50, "messages": [{"role": "user", "content": "hi"}]})
@@ -79,8 +83,21 @@ def test_only_a_forwarding_key_names_the_client_it_serves():
     auth = BearerAuth(KEYS)
     assert auth.client_of(request_with("router-key", "0123456789abcdef")) == "0123456789abcdef"
     assert auth.client_of(request_with("plain-key", "0123456789abcdef")) == key_digest("plain-key")
-    assert auth.client_of(request_with("router-key", None)) == key_digest("router-key")
+    assert auth.client_of(request_with("router-key", None)) == ""  # a router without client keys: unnamed
     assert BearerAuth([]).client_of(request_with("anything", "x")) == ""
+
+
+@pytest.mark.parametrize("path, body", [
+    ("/internal/resume", {"api": "completions", "prompt_token_ids": [1, 2], "resume": {"output_token_ids": [3]},
+                          "request": {"model": MODEL, "prompt": [1, 2], "max_tokens": 4, "priority": -1}}),
+])
+def test_the_internal_routes_bound_a_client_key_s_priority_too(member, path, body):
+    """A member serving clients directly also serves the routes the router uses: a client key may call them."""
+    with member.client("plain-key") as c:
+        r = c.post(path, json=body)
+    assert r.status_code == 403 and r.json()["error"]["code"] == "priority_not_allowed", r.text
+    with member.client("router-key") as c:
+        assert c.post(path, json=body).status_code == 200
 
 
 @pytest.mark.parametrize("priority", [2**31, "1", 1.5, None])
