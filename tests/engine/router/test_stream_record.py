@@ -29,6 +29,19 @@ def test_completion_logprobs_of_two_upstreams_make_one_answer_with_offsets_over_
                                   "top_logprobs": [{"ab": -1.0}, {"cde": -2.0}, {"": -3.0}], "text_offset": [0, 2, 5]}
 
 
+def test_a_streaming_client_s_logprobs_are_relayed_with_whole_answer_offsets_and_not_kept():
+    """Only the answer of a client that asked for no stream reads the kept lists: a long streamed answer with 20
+    alternatives a token held them all for nothing."""
+    record = StreamRecord("completions", {"model": "m", "prompt": "p", "logprobs": 5, "stream": True}, 0.0)
+    events = [record.take(completion_chunk("ab", -1.0)), record.take(completion_chunk("cde", -2.0))]
+    assert [json.loads(e)["choices"][0]["logprobs"]["text_offset"] for e in events] == [[0], [2]]
+    assert record.completion_logprobs.tokens == [] and record.completion_logprobs.top_logprobs == []
+    chat = StreamRecord("chat/completions", {"model": "m", "messages": [], "logprobs": True, "stream": True}, 0.0)
+    entry = {"token": "x", "logprob": -0.5, "bytes": [120], "top_logprobs": []}
+    assert chat.take(event(delta={"content": "x"}, logprobs={"content": [entry]})) is not None
+    assert chat.chat_logprobs == []
+
+
 def test_a_chat_entry_without_text_is_relayed_and_kept():
     record = StreamRecord("chat/completions", {"model": "m", "messages": [], "logprobs": True}, 0.0)
     entry = {"token": "\ufffd", "logprob": -0.5, "bytes": [228], "top_logprobs": []}
