@@ -12,6 +12,7 @@ from collections import OrderedDict
 
 import torch
 
+from engine.core import host_memory
 from engine.model.config import ModelConfig
 from engine.model.paged import KVCache, kv_bytes_per_block
 from engine.core.sequence import Sequence
@@ -191,13 +192,12 @@ def import_blocks(kv_cache: KVCache, block_ids: list[int], data: bytes | memoryv
 
 
 def available_memory(device: torch.device | str) -> int:
-    """Bytes free for the KV cache: free GPU memory on CUDA, available host memory on CPU."""
+    """Bytes free for the KV cache: free GPU memory on CUDA, available host memory on CPU (under the process's
+    cgroup limits: engine.core.host_memory)."""
     device = torch.device(device)
     if device.type == "cuda":
         return torch.cuda.mem_get_info(device)[0]
-    with open("/proc/meminfo") as f:
-        fields = dict(line.split(":", 1) for line in f)
-    return int(fields["MemAvailable"].split()[0]) * 1024
+    return host_memory.available_bytes()
 
 
 def num_blocks_for_budget(

@@ -153,7 +153,8 @@ def check_fits(new: dict[Member, MemberNeed], taken: int, available: int, check:
     if not new or need + taken <= available:
         return
     largest, most = max(new.items(), key=lambda kv: kv[1].total)
-    source = "capacity_check.mem_available_bytes" if check.mem_available_bytes else "MemAvailable of /proc/meminfo"
+    source = "capacity_check.mem_available_bytes" if check.mem_available_bytes else \
+        "MemAvailable of /proc/meminfo, under this process's cgroup memory limits"
     members = f"{len(new)} member{'s' if len(new) > 1 else ''}"
     running = f", less {_size(taken)} that the members running here take" if taken else ""
     raise MemoryShortage(
