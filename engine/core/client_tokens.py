@@ -5,6 +5,14 @@ from __future__ import annotations
 
 import threading
 
+CLIENT_CONTEXTS = 16  # the default cap, in whole contexts (EngineConfig.max_client_tokens)
+
+
+def client_cap(configured: int | None, max_model_len: int) -> int | None:
+    """Tokens one client may hold open in an engine: the configured cap, by default room for CLIENT_CONTEXTS
+    requests of the whole context (a chat request without max_tokens asks for the rest of it); None: no cap."""
+    return CLIENT_CONTEXTS * max_model_len if configured is None else (configured or None)
+
 
 class ClientTokens:
     """Open tokens (prompt + max_tokens of every request not yet finished) per client. Thread-safe: requests are

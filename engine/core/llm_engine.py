@@ -23,7 +23,7 @@ import torch
 
 from engine.device import to_device
 from engine.encoder.prompt import block_extras, step_embeds
-from engine.core.client_tokens import ClientTokens
+from engine.core.client_tokens import ClientTokens, client_cap
 from engine.core.engine_config import EngineConfig
 from engine.encoder.splice import SplicedPrompt
 from engine.errors import TideflowError
@@ -46,7 +46,6 @@ from engine.tokenizer import Tokenizer
 log = logging.getLogger(__name__)
 
 DEFAULT_KV_FRACTION = 0.2
-CLIENT_CONTEXTS = 16  # the default per-client cap on open tokens, in whole contexts (EngineConfig.max_client_tokens)
 
 
 class EngineError(TideflowError):
@@ -122,7 +121,7 @@ class LLMEngine:
         self._calls_open = False  # True while the engine thread takes calls
         self._calls_lock = threading.Lock()
         self._submit_lock = threading.Lock()
-        self.client_tokens = ClientTokens(self._client_cap())
+        self.client_tokens = ClientTokens(client_cap(config.max_client_tokens, self.max_model_len))
         self.failure: str | None = None  # why the engine thread ended on an error; new requests get it
         self.on_failure: Callable[[str], None] | None = None  # called once its requests have failed (serve exits)
         self._wake = threading.Event()
@@ -314,14 +313,8 @@ class LLMEngine:
         self.allocator = BlockAllocator(num_blocks, self.config.block_size, self.config.enable_prefix_cache)
         self.scheduler.allocator = self.allocator
         self.max_model_len = min(self.model.config.context_length, num_blocks * self.config.block_size)
-        self.client_tokens.cap = self._client_cap()
+        self.client_tokens.cap = client_cap(self.config.max_client_tokens, self.max_model_len)
         self.stats = {**self.stats, "kv_blocks_free": num_blocks}
-
-    def _client_cap(self) -> int | None:
-        """Tokens one client may hold open here: the configured cap, by default room for CLIENT_CONTEXTS requests
-        of the whole context (a chat request without max_tokens asks for the rest of it); None: no cap."""
-        cap = self.config.max_client_tokens
-        return CLIENT_CONTEXTS * self.max_model_len if cap is None else (cap or None)
 
     def _on_engine_thread(self, fn: Callable[[], None]) -> None:
         """Run `fn` on the engine thread while it runs (inline otherwise), and wait for it: the KV cache's
