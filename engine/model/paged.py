@@ -25,10 +25,12 @@ class AttentionMetadata:
     context_lens: torch.Tensor
     block_tables: torch.Tensor
     slot_mapping: torch.Tensor
+    host_context_lens: list[int]  # context_lens on the host: the prefill path reads them without a device sync
+    num_decodes: int  # leading sequences with one new token each: they take the paged decode kernel in any batch
 
     @property
     def decode_only(self) -> bool:
-        return all(n == 1 for n in self.query_lens)
+        return self.num_decodes == len(self.query_lens)
 
     @classmethod
     def build(
@@ -42,11 +44,16 @@ class AttentionMetadata:
             table[i, : len(blocks)] = torch.tensor(blocks, dtype=torch.int32)
             for pos in range(ctx - n, ctx):
                 slots.append(blocks[pos // block_size] * block_size + pos % block_size)
+        num_decodes = 0
+        while num_decodes < len(query_lens) and query_lens[num_decodes] == 1:
+            num_decodes += 1
         return cls(
             query_lens=list(query_lens),
             context_lens=to_device(context_lens, torch.int32, device),
             block_tables=table.to(device, non_blocking=True),
             slot_mapping=to_device(slots, torch.int64, device),
+            host_context_lens=list(context_lens),
+            num_decodes=num_decodes,
         )
 
 
