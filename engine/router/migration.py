@@ -37,7 +37,6 @@ class StreamRecord:
         self.wants_logprobs = bool(body.get("logprobs")) if chat else body.get("logprobs") is not None
         self.chat_logprobs: list[dict] = []  # the chat API's entries so far, for a client that asked for no stream
         self.completion_logprobs = CompletionLogprobs()  # the completions API's lists so far (no-stream client)
-        self.next_text_offset = 0  # where the completions API's next token starts in the whole answer
         self.t0 = t0
         self.first: float | None = None  # when the first text reached the client
         self.end: float | None = None
@@ -131,8 +130,8 @@ class StreamRecord:
 
     def _logprobs(self, logprobs: dict | None) -> bool:
         """Record a choice's log-probabilities (True when it has some); only a client that asked for no stream
-        needs them kept, for its one answer. The completions API's text offsets are counted here over the whole
-        request: each upstream counts from its own first token."""
+        needs them kept, for its one answer. The completions API's text offsets come counted over the whole
+        answer: a worker that takes a request over counts from the end of the tokens it was handed."""
         if not isinstance(logprobs, dict):
             return False
         if self.api == "chat/completions":
@@ -141,15 +140,10 @@ class StreamRecord:
                 self.chat_logprobs.extend(content)
             return bool(content)
         tokens = logprobs.get("tokens") or []
-        offsets = []
-        for token in tokens:
-            offsets.append(self.next_text_offset)
-            self.next_text_offset += len(token)
-        logprobs["text_offset"] = offsets
         if not self.client_stream:
             done = self.completion_logprobs
             done.tokens.extend(tokens)
-            done.text_offset.extend(offsets)
+            done.text_offset.extend(logprobs.get("text_offset") or [])
             done.token_logprobs.extend(logprobs.get("token_logprobs") or [])
             done.top_logprobs.extend(logprobs.get("top_logprobs") or [])
         return bool(tokens)

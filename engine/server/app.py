@@ -100,17 +100,21 @@ def create_app(engine: LLMEngine, model_name: str, api_keys: list[str | ApiKey] 
 
     logprob_text = LogprobText(engine.tokenizer)
 
-    async def respond_completion(body: CompletionRequest, request: Request, stream: RequestStream, prompt: list[int]):
+    async def respond_completion(body: CompletionRequest, request: Request, stream: RequestStream, prompt: list[int],
+                                 resumed: list[int] | None = None):
+        """`resumed`: the tokens another worker streamed before this one took the request over: text offsets
+        count from the end of their text, so the client's offsets run on across the handover."""
         rid = new_id("cmpl")
+        start = logprob_text.chars(resumed) if resumed and body.logprobs is not None else 0
         if body.stream:
-            offset = 0  # characters of the tokens the chunks so far reported
+            offset = start  # characters of the tokens reported so far
 
             def chunk(out: RequestOutput) -> str:
                 nonlocal offset
                 logprobs = None
                 if out.logprobs is not None:
                     logprobs = logprob_text.completion(out.token_ids, out.logprobs, offset)
-                    offset += sum(len(token) for token in logprobs.tokens)
+                    offset += logprob_text.chars(out.token_ids)
                 return CompletionResponse(id=rid, model=model_name, choices=[
                     CompletionChoice(text=out.text, logprobs=logprobs, finish_reason=_reason(out))
                 ]).model_dump_json(exclude_none=True)
@@ -121,11 +125,12 @@ def create_app(engine: LLMEngine, model_name: str, api_keys: list[str | ApiKey] 
 
             return _sse(engine, stream, None, chunk, last if body.include_usage else None, _trace(request, prompt))
         text, out, tokens, logprobs = await _collect(engine, stream, request)
-        made = None if body.logprobs is None else logprob_text.completion(tokens, logprobs, 0)
+        made = None if body.logprobs is None else logprob_text.completion(tokens, logprobs, start)
         return CompletionResponse(id=rid, model=model_name, usage=usage(out.prompt_tokens, out.completion_tokens),
                                   choices=[CompletionChoice(text=text, logprobs=made, finish_reason=_reason(out))])
 
-    async def respond_chat(body: ChatCompletionRequest, request: Request, stream: RequestStream, prompt: list[int]):
+    async def respond_chat(body: ChatCompletionRequest, request: Request, stream: RequestStream, prompt: list[int],
+                           resumed: list[int] | None = None):
         rid = new_id("chatcmpl")
         if body.stream:
             def make(delta: ChatDelta, reason: str | None, logprobs: ChatLogprobs | None = None) -> str:
@@ -180,7 +185,7 @@ def create_app(engine: LLMEngine, model_name: str, api_keys: list[str | ApiKey] 
         faults.check()
         stream = faults.slow(engine.stream(body.prompt_token_ids, params, resume=body.resume, client=auth.client_of(request)))
         respond = respond_chat if body.api == "chat/completions" else respond_completion
-        return await respond(parsed, request, stream, body.prompt_token_ids)
+        return await respond(parsed, request, stream, body.prompt_token_ids, body.resume.output_token_ids)
 
     if transport is not None:
         served.include_router(pd_routes(engine, model_name, transport, respond_completion, respond_chat, host,

@@ -28,13 +28,21 @@ class LogprobText:
             for token, lp in zip(token_ids, logprobs)
         ])
 
+    def chars(self, token_ids: list[int]) -> int:
+        """Characters begun by these tokens' bytes (UTF-8 lead bytes): a stream sums them, chunk after chunk and
+        across a handover, and over a whole answer they are the length of its text."""
+        return sum(_leads(self.tokenizer.token_bytes(token)) for token in token_ids)
+
     def completion(self, token_ids: list[int], logprobs: list[Logprob], offset: int) -> CompletionLogprobs:
-        """`offset`: characters of generated text before these tokens (a stream's earlier chunks)."""
+        """`offset`: chars() of the generated tokens before these (a stream's earlier chunks, and what a resumed
+        request's client received from the worker before). A token's offset is the index in the answer's text of
+        the character its first byte belongs to: a token that finishes a character another began starts in it."""
         texts = [self.text(token) for token in token_ids]
         offsets = []
-        for text in texts:
-            offsets.append(offset)
-            offset += len(text)
+        for token in token_ids:
+            raw = self.tokenizer.token_bytes(token)
+            offsets.append(max(offset - (1 if raw and not _leads(raw[:1]) else 0), 0))
+            offset += _leads(raw)
         return CompletionLogprobs(tokens=texts, token_logprobs=[lp.logprob for lp in logprobs], text_offset=offsets,
                                   top_logprobs=[self._alternatives(lp) for lp in logprobs])
 
@@ -48,3 +56,8 @@ class LogprobText:
     def _entry(self, token_id: int, logprob: float) -> dict:
         raw = self.tokenizer.token_bytes(token_id)
         return {"token": raw.decode("utf-8", errors="replace"), "logprob": logprob, "bytes": list(raw)}
+
+
+def _leads(raw: bytes) -> int:
+    """UTF-8 bytes that begin a character (every byte but the 10xxxxxx continuations)."""
+    return sum(1 for b in raw if b & 0xC0 != 0x80)

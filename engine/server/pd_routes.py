@@ -86,7 +86,7 @@ def pd_routes(engine: LLMEngine, model_name: str, transport: TransportKind, resp
         stream = faults.slow(engine.stream_prefilled(body.prompt_token_ids, params, body, kv, release, images,
                                                      body.resume, client=auth.client_of(request)))
         respond = respond_chat if body.api == "chat/completions" else respond_completion
-        return await respond(parsed, request, stream, body.prompt_token_ids)
+        return await respond(parsed, request, stream, body.prompt_token_ids, _resumed(body))
 
     return routes
 

@@ -1,5 +1,6 @@
 """The router's record of one relayed request: log-probabilities of a request migrated between upstreams reach the
-client as one answer, with the completions API's text offsets counted over the whole request."""
+client as one answer, with the completions API's text offsets as the workers counted them over the whole request
+(a worker that takes a request over counts from the end of the tokens it was handed)."""
 
 from __future__ import annotations
 
@@ -12,16 +13,16 @@ def event(**choice) -> str:
     return "data: " + json.dumps({"id": "x", "created": 1, "model": "m", "choices": [{"index": 0, **choice}]})
 
 
-def completion_chunk(text: str, value: float) -> str:
+def completion_chunk(text: str, value: float, offset: int) -> str:
     return event(text=text, logprobs={"tokens": [text], "token_logprobs": [value], "top_logprobs": [{text: value}],
-                                      "text_offset": [0]})
+                                      "text_offset": [offset]})
 
 
 def test_completion_logprobs_of_two_upstreams_make_one_answer_with_offsets_over_the_whole_text():
     record = StreamRecord("completions", {"model": "m", "prompt": "p", "logprobs": 1}, 0.0)
-    first = [record.take(completion_chunk("ab", -1.0))]
-    # the first upstream died; the second counts its offsets from its own first token
-    later = [record.take(completion_chunk("cde", -2.0)), record.take(completion_chunk("", -3.0))]
+    first = [record.take(completion_chunk("ab", -1.0, 0))]
+    # the first upstream died; the second was handed its tokens and counts on from their text
+    later = [record.take(completion_chunk("cde", -2.0, 2)), record.take(completion_chunk("", -3.0, 5))]
     assert [json.loads(e)["choices"][0]["logprobs"]["text_offset"] for e in first + later] == [[0], [2], [5]]
     answer = json.loads(record.answer())["choices"][0]
     assert answer["text"] == "abcde"
@@ -33,7 +34,7 @@ def test_a_streaming_client_s_logprobs_are_relayed_with_whole_answer_offsets_and
     """Only the answer of a client that asked for no stream reads the kept lists: a long streamed answer with 20
     alternatives a token held them all for nothing."""
     record = StreamRecord("completions", {"model": "m", "prompt": "p", "logprobs": 5, "stream": True}, 0.0)
-    events = [record.take(completion_chunk("ab", -1.0)), record.take(completion_chunk("cde", -2.0))]
+    events = [record.take(completion_chunk("ab", -1.0, 0)), record.take(completion_chunk("cde", -2.0, 2))]
     assert [json.loads(e)["choices"][0]["logprobs"]["text_offset"] for e in events] == [[0], [2]]
     assert record.completion_logprobs.tokens == [] and record.completion_logprobs.top_logprobs == []
     chat = StreamRecord("chat/completions", {"model": "m", "messages": [], "logprobs": True, "stream": True}, 0.0)

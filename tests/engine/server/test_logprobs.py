@@ -4,11 +4,14 @@ are a 400 naming their field."""
 
 from __future__ import annotations
 
+import httpx
 import openai
 import pytest
 import torch
 import transformers
 
+from engine.core.sampling import Logprob
+from engine.server.logprobs import LogprobText
 from engine.tokenizer import ChatMessage, Tokenizer
 from tests.engine.server.conftest import API_KEY, MODEL
 
@@ -74,6 +77,42 @@ def test_completion_logprobs_are_lists_with_offsets_into_the_text(client):
     plain = client.completions.create(model=MODEL, prompt="the tide", max_tokens=5, temperature=0.8, seed=9,
                                       extra_body={"ignore_eos": True})
     assert plain.choices[0].logprobs is None and plain.choices[0].text == choice.text  # asking changes no token
+
+
+def test_text_offsets_count_characters_when_tokens_split_them(tiny_model_dir):
+    """Byte-level tokens split a multibyte character: each offset is the index of the character the token's first
+    byte belongs to, in the decoded text (U+FFFD stand-ins are one character each and would push every later
+    offset), and chunks of a stream give the offsets of the whole."""
+    tok = Tokenizer(tiny_model_dir)
+    ids = tok.encode("tide é€ 🌊 ebb")
+    raw = [tok.token_bytes(t) for t in ids]
+    assert any(b and b[0] & 0xC0 == 0x80 for b in raw), "the test needs a token that begins mid-character"
+    want = [len(b"".join(raw[:i]).decode("utf-8", errors="ignore")) for i in range(len(ids))]
+    text = LogprobText(tok)
+    lps = [Logprob(-1.0, []) for _ in ids]
+    whole = text.completion(ids, lps, 0)
+    assert whole.text_offset == want
+    assert text.chars(ids) == len(tok.decode(ids))
+    head = text.completion(ids[:5], lps[:5], 0)
+    tail = text.completion(ids[5:], lps[5:], text.chars(ids[:5]))
+    assert head.text_offset + tail.text_offset == want
+
+
+def test_a_worker_that_takes_a_request_over_counts_offsets_from_the_text_already_sent(server, tiny_model_dir):
+    """The router migrates a request by handing its tokens to another worker: that worker's offsets run on from
+    the end of their text (here two characters, one of them multibyte), as one worker's would."""
+    tok = Tokenizer(tiny_model_dir)
+    prompt, sent = tok.encode("the tide"), tok.encode(" é")
+    request = dict(model=MODEL, prompt=prompt, max_tokens=len(sent) + 3, temperature=0, logprobs=1, ignore_eos=True)
+    with httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {API_KEY}"}, timeout=60) as c:
+        r = c.post("/internal/resume", json={"api": "completions", "request": request, "prompt_token_ids": prompt,
+                                              "resume": {"output_token_ids": sent, "sent_chars": 2}})
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    assert len(sent) > len(tok.decode(sent)) == 2  # more tokens than characters: bytes split
+    offsets = choice["logprobs"]["text_offset"]
+    assert len(offsets) == 3 and offsets[0] == 2
+    assert offsets[0] == 2 and offsets == sorted(offsets) and offsets[-1] < 2 + len(choice["text"]), offsets
 
 
 def test_a_bias_that_bans_every_token_but_one_leaves_that_one(client, tiny_model_dir):
