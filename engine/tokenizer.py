@@ -120,7 +120,7 @@ class Tokenizer:
     def vocab_size(self) -> int:
         return self._tok.get_vocab_size()
 
-    @property
+    @functools.cached_property
     def longest_token_chars(self) -> int:
         """Characters of the longest vocabulary entry (byte-level entries: one per byte, so never fewer than the
         text a token stands for): a prompt of n characters is at least n / this many tokens."""

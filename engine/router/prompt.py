@@ -12,8 +12,8 @@ from pathlib import Path
 
 from engine.model.loader import read_config
 from engine.server.errors import APIError
-from engine.server.protocol import ChatCompletionRequest, CompletionRequest
-from engine.server.requests import check_token_ids, parse_body, prompt_ids
+from engine.server.protocol import ChatCompletionRequest
+from engine.server.requests import check_prompt_chars, check_token_ids, parse_body, prompt_ids
 from engine.tokenizer import Tokenizer
 
 
@@ -22,18 +22,11 @@ class PromptPreparer:
         self.tokenizer = Tokenizer(model_dir)
         config = read_config(model_dir)
         self.context_length, self.vocab_size = config.context_length, config.vocab_size
-        # x2: a normalizer may compose characters (e + combining accent -> one), so a token can stand for more
-        # characters of the client's text than of its own entry
-        self.max_chars = 2 * self.context_length * self.tokenizer.longest_token_chars
 
     def prepare(self, api: str, body: dict) -> list[int]:
         """The prompt's token ids; APIError 400 naming the limit when it cannot fit the model's context."""
         parsed = parse_body(api, body)
-        chars = _prompt_chars(parsed)
-        if chars > self.max_chars:
-            raise APIError(400, f"the prompt's {chars} characters cannot fit the model's context of "
-                                f"{self.context_length} tokens (at most {self.max_chars} characters)",
-                           param="messages" if api == "chat/completions" else "prompt", code="context_length_exceeded")
+        check_prompt_chars(parsed, self.tokenizer, self.context_length)
         ids = prompt_ids(self.tokenizer, parsed)
         check_token_ids(ids, self.vocab_size)
         wanted = (parsed.max_completion_tokens or parsed.max_tokens or 1) if isinstance(parsed, ChatCompletionRequest) \
@@ -45,9 +38,3 @@ class PromptPreparer:
                            code="context_length_exceeded")
         return ids
 
-
-def _prompt_chars(body: CompletionRequest | ChatCompletionRequest) -> int:
-    if isinstance(body, ChatCompletionRequest):
-        return sum(len(m.content) if isinstance(m.content, str) else sum(len(getattr(p, "text", "")) for p in m.content)
-                   for m in body.messages)
-    return len(body.prompt) if isinstance(body.prompt, str) else 0

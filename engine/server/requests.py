@@ -23,6 +23,27 @@ def prompt_ids(tokenizer: Tokenizer, body: Body) -> list[int]:
     return tokenizer.encode(body.prompt) if isinstance(body.prompt, str) else list(body.prompt)
 
 
+def check_prompt_chars(body: Body, tokenizer: Tokenizer, context_length: int) -> None:
+    """APIError 400 naming the limit when a prompt has more characters than `context_length` tokens can stand
+    for, before anything tokenizes it: a token stands for no more characters than (twice) the vocabulary's
+    longest entry (x2: a normalizer may compose characters, e + combining accent -> one). Tokenizing a 7 MB
+    prompt only to refuse it took both cores of a 2-core member for seconds, and its other clients with them."""
+    limit = 2 * context_length * tokenizer.longest_token_chars
+    chars = _prompt_chars(body)
+    if chars > limit:
+        raise APIError(400, f"the prompt's {chars} characters cannot fit the model's context of {context_length} "
+                            f"tokens (at most {limit} characters)",
+                       param="messages" if isinstance(body, ChatCompletionRequest) else "prompt",
+                       code="context_length_exceeded")
+
+
+def _prompt_chars(body: Body) -> int:
+    if isinstance(body, ChatCompletionRequest):
+        return sum(len(m.content) if isinstance(m.content, str) else sum(len(getattr(p, "text", "")) for p in m.content)
+                   for m in body.messages)
+    return len(body.prompt) if isinstance(body.prompt, str) else 0
+
+
 def params_for(body: Body, prompt_len: int, engine) -> SamplingParams:
     """Sampling params of a request to `engine` (an LLMEngine or CoreClient: its context and vocabulary)."""
     if isinstance(body, ChatCompletionRequest):
@@ -63,6 +84,7 @@ def check_token_ids(prompt: list[int], vocab: int) -> None:
 def prepare(engine, model_name: str, body: Body) -> tuple[list[int], SamplingParams]:
     """Prompt token ids and sampling params of a request to `engine` (an LLMEngine)."""
     check_model(body.model, model_name)
+    check_prompt_chars(body, engine.tokenizer, engine.max_model_len)
     prompt = prompt_ids(engine.tokenizer, body)
     check_token_ids(prompt, engine.vocab_size)
     return prompt, params_for(body, len(prompt), engine)

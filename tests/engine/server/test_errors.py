@@ -49,6 +49,25 @@ def test_bad_completion_requests(server, body, status, param):
     assert len(error["message"]) < 400  # an input is quoted at most 200 characters long
 
 
+@pytest.mark.parametrize("api, body", [
+    ("completions", {"prompt": "word " * 200_000}),
+    ("chat/completions", {"messages": [{"role": "user", "content": "word " * 200_000}]}),
+])
+def test_a_prompt_too_long_for_any_tokenization_is_refused_before_it_is_tokenized(server, monkeypatch, api, body):
+    """A member serving clients itself bounds the cost as the router does: 4 prompts of 7 MB took both cores of a
+    2-core member for seconds (its /health answered in 586 ms) only to be refused after tokenizing."""
+    from engine.tokenizer import Tokenizer
+    monkeypatch.setattr(Tokenizer, "encode", _never)
+    with server.client() as c:
+        error = assert_error(c.post(f"/v1/{api}", json={"model": MODEL, **body}), 400,
+                             "prompt" if api == "completions" else "messages")
+    assert error["code"] == "context_length_exceeded" and "characters cannot fit" in error["message"], error
+
+
+def _never(*args, **kwargs):
+    raise AssertionError("tokenized a prompt its length alone should have refused")
+
+
 def test_unserved_fields_at_their_defaults_are_served(server):
     """Clients that send every field at its default (as some SDKs do) are not refused."""
     body = {"model": MODEL, "prompt": "hi", "max_tokens": 2, "best_of": 1, "echo": False,
