@@ -56,19 +56,14 @@ def _controller(args: argparse.Namespace) -> int:
     from engine.server.connections import server_config
     from engine.control.api import create_control_app
     from engine.control.controller import Controller
-    from engine.control.runtime import ControllerConfig
+    from engine.control.home_lock import HomeLock
+    from engine.control.runtime import BACKEND_ENV, ControllerConfig
     from engine.default_model import write_default_model
     from engine.group.capacity import CapacityCheck
     from engine.paths import default_model_dir
     from engine.process import start_ticks
 
-    try:
-        running = discovery.find()
-    except discovery.NoController:
-        running = None
-    if running is not None and running.local_process_alive():
-        raise TideflowError(f"a controller already runs here (pid {running.pid}, {running.url}); "
-                            "`tideflow down` stops it")
+    held = HomeLock() if (args.backend or os.environ.get(BACKEND_ENV, "local")) == "local" else None
     model_dir = args.model_dir or default_model_dir()
     if args.model_dir is None and not (model_dir / "config.json").exists():
         write_default_model(model_dir)
@@ -103,6 +98,8 @@ def _controller(args: argparse.Namespace) -> int:
     finally:
         controller.close(stop_fleet=False)  # after `down` a no-op; on SIGTERM the fleet keeps serving
         discovery.unregister(info.pid)
+        if held is not None:
+            held.release()  # last: no second controller may start while this one still acts on the home
     return 0
 
 

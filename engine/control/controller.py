@@ -27,7 +27,7 @@ from engine.group.spec import InferenceGroup
 from engine.http import bearer_client
 from engine.paths import home
 from engine.router.admin import RouterAdminError, scrape_members
-from engine.scaling.autoscaler import Autoscaler
+from engine.scaling.autoscaler import Autoscaler, AutoscalerStopped
 from engine.scaling.observe import SetObserver
 from engine.scaling.policy import Bounds
 from engine.scaling.pool import ScaleResult, WarmPool
@@ -62,6 +62,10 @@ class Controller:
         self.routes = RouteTable()
         self._lock = threading.RLock()  # one mutation at a time: API calls and reconcile passes
         self._lease_lock = threading.Lock()  # the lease alone: a renewal never waits behind a long scale
+        # desired state's read-modify-writes (a delete against a replacement's write-back on a supervisor thread,
+        # which must not take the controller's lock: a stop joins that thread)
+        self._desired_lock = threading.Lock()
+        self._retries: dict[str, tuple[int, float]] = {}  # Failed but desired: (retries so far, next try at)
         self._stop = threading.Event()
         self._stoppers: dict[str, threading.Thread] = {}
         self.pools: dict[str, WarmPool] = {}
@@ -117,8 +121,14 @@ class Controller:
             managed = self.manager.groups
             for name, want in desired.items():
                 g = managed.get(name)
-                if (g is None or g.status.state == GroupState.STOPPED) and name not in self._stoppers:
+                if name in self._stoppers:
+                    continue
+                if g is None or g.status.state == GroupState.STOPPED:
                     self.manager.up(want.spec, standby=want.standby, weight=want.weight)
+                elif g.status.state == GroupState.FAILED:
+                    self._retry_failed(g, want)
+                elif g.status.state in (GroupState.READY, GroupState.STANDBY):
+                    self._retries.pop(name, None)
             for name, g in list(managed.items()):
                 if name in desired or name in self._stoppers:
                     continue
@@ -128,6 +138,24 @@ class Controller:
                     self._stop_in_background(g)
             self._stoppers = {n: t for n, t in self._stoppers.items() if t.is_alive()}
         reap_orphan_segments()  # KV segments of members that died mid-transfer
+
+    def _retry_failed(self, g: ManagedGroup, want: DesiredGroup) -> None:
+        """A group that gave up (Failed) but is still desired is built again, after the policy's backoff_max_s,
+        doubling per try up to failed_retry_max_s (caller holds the lock): a substrate that refused for a while
+        (no node, a registry outage) must not leave a desired group down until someone notices."""
+        name, policy, now = g.spec.name, self.config.policy, time.monotonic()
+        tries, at = self._retries.get(name, (0, None))
+        if at is None:
+            delay = min(policy.backoff_max_s * 2 ** tries, policy.failed_retry_max_s)
+            self._retries[name] = (tries, now + delay)
+            self.store.event("retry", f"group {name} failed ({g.status.events[-1].message if g.status.events else ''}); "
+                                      f"building it again in {delay:.0f}s (retry {tries + 1})")
+            return
+        if now < at:
+            return
+        self._retries[name] = (tries + 1, None)
+        self.manager.groups.pop(name, None)
+        self.manager.up(want.spec, standby=want.standby, weight=want.weight)
 
     def _replace(self, fallen: ManagedGroup, why: str) -> None:
         """Warm replacement, on the fallen group's supervisor thread the moment it leaves the router: a standby
@@ -153,10 +181,12 @@ class Controller:
         self.store.event("replace", f"{fallen.spec.name} fell ({why}); no standby of its version: the other "
                                     "serving groups take its traffic while it is rebuilt")
 
-    def _stop_in_background(self, g: ManagedGroup, drain_s: float = 10.0) -> None:
+    def _stop_in_background(self, g: ManagedGroup, drain_s: float = 10.0) -> threading.Thread:
+        """The one stop of `g` (caller holds the lock): reconcile skips a group while its stop runs."""
         t = threading.Thread(target=g.drain_and_stop, args=(drain_s,), name=f"stop-{g.spec.name}", daemon=True)
         self._stoppers[g.spec.name] = t
         t.start()
+        return t
 
     # -- verbs (the API calls these) ----------------------------------------------------------------
     def apply(self, body: ApplyGroup) -> GroupView:
@@ -168,7 +198,9 @@ class Controller:
             if g is not None and g.status.state not in _GONE and g.spec != body.spec:
                 raise ControlError(409, f"group {name} runs another spec ({g.spec.version}); delete it first "
                                         "or apply under a new name (a canary)")
-            self.store.put_group(DesiredGroup(spec=body.spec, weight=body.weight, standby=body.standby))
+            with self._desired_lock:
+                self.store.put_group(DesiredGroup(spec=body.spec, weight=body.weight, standby=body.standby))
+            self._retries.pop(name, None)
             self.store.event("apply", f"group {name} {body.spec.version} weight {body.weight:g}"
                                       f"{' standby' if body.standby else ''}")
             if g is None or g.status.state in _GONE:
@@ -185,14 +217,21 @@ class Controller:
         return self.view(name)
 
     def delete(self, name: str, drain_s: float = 10.0) -> None:
+        """Forget the group's desired state, then stop it once: the stop is registered where reconcile looks,
+        so a pass meanwhile neither stops it again nor starts it. Waits for the stop outside the lock."""
         with self._lock:
-            known = self.store.delete_group(name)
+            with self._desired_lock:
+                known = self.store.delete_group(name)
             g = self.manager.groups.get(name)
             if not known and g is None:
                 raise ControlError(404, f"no group named {name!r}")
+            self._retries.pop(name, None)
             self.store.event("delete", f"group {name}")
-        if g is not None and g.status.state not in _GONE:
-            g.drain_and_stop(drain_s)
+            stopper = self._stoppers.get(name)
+            if stopper is None and g is not None and g.status.state not in _GONE:
+                stopper = self._stop_in_background(g, drain_s)
+        if stopper is not None:
+            stopper.join(timeout=drain_s + 60)
         with self._lock:
             if self.manager.groups.get(name) is g and name not in self.store.groups():
                 self.manager.groups.pop(name, None)
@@ -210,7 +249,8 @@ class Controller:
             except RouterAdminError as exc:
                 raise ControlError(409, f"no weight changed: {exc}") from None
             for name, w in weights.items():
-                self.store.put_group(desired[name].model_copy(update={"weight": w}))
+                with self._desired_lock:
+                    self.store.put_group(desired[name].model_copy(update={"weight": w}))
                 if name in self.manager.groups:
                     self.manager.groups[name].weight = w
             self.store.event("weights", ", ".join(f"{n} {w:g}" for n, w in sorted(weights.items())))
@@ -303,10 +343,11 @@ class Controller:
         for took in result.activation_s:
             self.metrics.activation.labels("pool").observe(took)
         for g in pool.groups():
-            if g.spec.name in result.stopped or g.status.state in _GONE:
-                self.store.delete_group(g.spec.name)
-            else:
-                self._sync_desired(g)
+            with self._desired_lock:  # the pool's copies are desired as the pool made them
+                if g.spec.name in result.stopped or g.status.state in _GONE:
+                    self.store.delete_group(g.spec.name)
+                else:
+                    self.store.put_group(DesiredGroup(spec=g.spec, weight=g.weight, standby=g.standby))
         if result.changed:
             self.store.event("scale", f"pool {pool.template.name} -> {result.target}: serving {result.serving}, "
                                       f"standby {result.standby}, activated {result.activated}, parked {result.parked}, "
@@ -315,29 +356,40 @@ class Controller:
 
     # -- the autoscaler policy, kept running by the controller ------------------------------------------
     def start_autoscaler(self, body: AutoscalerBody, record: bool = True) -> AutoscalerView:
+        """Run `body`'s policy over its pool, in place of the autoscaler that ran there. The old one is told to
+        stop under the lock (a tick of it waiting for the lock then scales nothing) and joined after it."""
         name = body.template.name
         with self._lock:
-            self.stop_autoscaler(name, forget=False)
+            old = self._detach_autoscaler(name)
             pool = self._pool(body.template, body.policy.bounds, body.policy.warm_pool)
             observer = SetObserver(self.router_url, self.client_key, self._member_key,
                                    lambda: [m.endpoint for g in pool.serving() for m in g.status.members if m.endpoint])
-            scaler = Autoscaler(_LockedPool(self, pool), body.policy,
-                                observe=observer if body.policy.metrics else None).start()
+            locked = _LockedPool(self, pool)
+            scaler = locked.scaler = Autoscaler(locked, body.policy, observe=observer if body.policy.metrics else None)
+            scaler.start()
             self.autoscalers[name] = (scaler, observer)
             if record:
                 self.store.put_autoscaler(name, body.model_dump_json())
                 self.store.event("autoscaler", f"started over pool {name} (tick {body.policy.tick_s:g}s)")
-            return self.autoscaler_view(name)
+            view = self.autoscaler_view(name)
+        _finish(old)
+        return view
 
     def stop_autoscaler(self, name: str, forget: bool = True) -> bool:
+        with self._lock:
+            running = self._detach_autoscaler(name)
+            known = self.store.delete_autoscaler(name) if forget else False
+            if forget and (running or known):
+                self.store.event("autoscaler", f"stopped over pool {name}")
+        _finish(running)
+        return running is not None or known
+
+    def _detach_autoscaler(self, name: str) -> tuple[Autoscaler, SetObserver] | None:
+        """Take the pool's autoscaler out and tell it to stop (caller holds the lock; _finish joins it after)."""
         running = self.autoscalers.pop(name, None)
         if running is not None:
-            running[0].stop()
-            running[1].close()
-        known = self.store.delete_autoscaler(name) if forget else False
-        if forget and (running or known):
-            self.store.event("autoscaler", f"stopped over pool {name}")
-        return running is not None or known
+            running[0].stop(wait=False)
+        return running
 
     def autoscaler_view(self, name: str) -> AutoscalerView:
         if name not in self.autoscalers:
@@ -348,7 +400,12 @@ class Controller:
                               last=[e.model_dump(mode="json") for e in events[-20:]])
 
     def _sync_desired(self, g: ManagedGroup) -> None:
-        self.store.put_group(DesiredGroup(spec=g.spec, weight=g.weight, standby=g.standby))
+        """Write a group's weight and standby back to its desired state, if it is still desired: a group deleted
+        meanwhile (a replacement ran on its supervisor thread while it was being deleted) stays deleted."""
+        with self._desired_lock:
+            desired = self.store.groups().get(g.spec.name)
+            if desired is not None and desired.spec == g.spec:
+                self.store.put_group(desired.model_copy(update={"weight": g.weight, "standby": g.standby}))
 
     def _group(self, name: str) -> ManagedGroup:
         g = self.manager.groups.get(name)
@@ -474,18 +531,29 @@ def make_runtime(config: ControllerConfig) -> Runtime:
     return LocalRuntime(config)
 
 
+def _finish(running: tuple[Autoscaler, SetObserver] | None) -> None:
+    """Wait for a detached autoscaler's loop to end and close its observer (no lock held)."""
+    if running is not None:
+        running[0].stop()
+        running[1].close()
+
+
 class _LockedPool:
     """What the autoscaler scales: the controller's pool, each step under the controller's lock and
-    written back as desired state, exactly as an API call would do it."""
+    written back as desired state, exactly as an API call would do it. A step of an autoscaler stopped while
+    it waited for the lock scales nothing: the pool has another policy now, or none."""
 
     def __init__(self, controller: Controller, pool: WarmPool) -> None:
         self.controller, self.pool = controller, pool
+        self.scaler: Autoscaler | None = None  # the autoscaler this pool serves (set once it is built)
 
     def capacity(self) -> int:
         return self.pool.capacity()
 
     def scale_to(self, n: int, floor: int | None = None) -> ScaleResult:
         with self.controller._lock:
+            if self.scaler is not None and self.scaler.stopping:
+                raise AutoscalerStopped(self.pool.template.name)
             return self.controller._scale(self.pool, n, floor)
 
 

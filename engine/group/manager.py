@@ -78,6 +78,8 @@ class SupervisionPolicy(BaseModel):
     backoff_max_s: float = Field(30.0, ge=0, description="cap of the rebuild delay")
     poll_s: float = Field(0.1, gt=0, description="member observation period")
     reset_after_s: float = Field(300.0, ge=0, description="Ready this long before falling: restarts and backoff start over")
+    failed_retry_max_s: float = Field(600.0, gt=0, description="a Failed group that is still desired is built again "
+                                      "after backoff_max_s, doubling each time up to this")
 
 
 class GroupStatus(BaseModel):

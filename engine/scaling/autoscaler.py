@@ -20,6 +20,10 @@ from engine.scaling.pool import ScaleResult, WarmPool
 log = logging.getLogger(__name__)
 
 
+class AutoscalerStopped(Exception):
+    """Raised by a pool's scale_to when the autoscaler asking was stopped meanwhile: its tick ends quietly."""
+
+
 class ScalingEvent(BaseModel):
     """One tick: what was seen, what was decided, what scale_to did."""
 
@@ -74,12 +78,20 @@ class Autoscaler:
         while not self._stop.is_set():
             try:
                 self.tick()
+            except AutoscalerStopped:
+                break
             except Exception:  # one failed tick (a router restart, a timeout) must not end the loop
                 log.exception("autoscaler tick failed; retrying next tick")
             self._stop.wait(self.policy.tick_s)
 
-    def stop(self, timeout_s: float = 60.0) -> None:
+    @property
+    def stopping(self) -> bool:
+        """Asked to stop: a tick under way must not carry out its decision (another policy may own the pool)."""
+        return self._stop.is_set()
+
+    def stop(self, timeout_s: float = 60.0, wait: bool = True) -> None:
+        """Ask the loop to end; with `wait`, join it. Never wait while holding a lock a tick may ask for."""
         self._stop.set()
-        if self._thread is not None:
+        if wait and self._thread is not None:
             self._thread.join(timeout=timeout_s)
             self._thread = None
