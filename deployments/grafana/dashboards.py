@@ -138,9 +138,12 @@ LIFECYCLE = (
                       kind="state"),
             PanelSpec("Warm pool size", "standby groups: loaded, compiled, warm and not routed",
                       (Query('sum(tideflow_controller_group_state{state="Standby"})', "standby groups"),), kind="stat"),
-            PanelSpec("Rebuilds", "whole-group rebuilds, and the member failures behind them by reason",
+            PanelSpec("Rebuilds", "whole-group rebuilds (fault drills' apart: they spend no restart budget), and the "
+                                  "member failures behind them by reason",
                       (Query(f"sum by (group) (increase(tideflow_controller_group_rebuilds_total{RATE}))",
                              "rebuilds {{group}}"),
+                       Query(f"sum by (group) (increase(tideflow_controller_group_drill_rebuilds_total{RATE}))",
+                             "drill rebuilds {{group}}"),
                        Query(f"sum by (group, reason) (increase(tideflow_controller_member_failures_total{RATE}))",
                              "{{group}} {{reason}}"))),
         )),

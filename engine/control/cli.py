@@ -146,7 +146,8 @@ def _status(args: argparse.Namespace) -> int:
     if not status.groups:
         print("no groups")
     for g in status.groups:
-        print(f"{g.name:24} {g.version:8} {g.state.value:9} weight {g.weight:<6g} restarts {g.restarts}  {g.message}")
+        drills = f" (+{g.drill_rebuilds} drill)" if g.drill_rebuilds else ""
+        print(f"{g.name:24} {g.version:8} {g.state.value:9} weight {g.weight:<6g} restarts {g.restarts}{drills}  {g.message}")
         for m in g.members:
             print(f"    {m.role:9} {m.instance}/{m.rank}  {m.phase:8} pid {m.pid}  {m.endpoint}")
     return 0

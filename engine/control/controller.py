@@ -291,9 +291,11 @@ class Controller:
         if not candidates:
             raise ControlError(404, f"group {name} has no {body.target} member to kill")
         member = candidates[0]
+        g.expect_drill_kill(member.role, member.instance, member.rank)  # its rebuild spends no crash budget
         try:
             landed = self.backend.kill(handle, member)
         except BackendError as exc:
+            g.forget_drill_kill(member.role, member.instance, member.rank)
             raise ControlError(409, str(exc)) from None
         where = f"{member.role}/{member.instance}/{member.rank}"
         self.store.event("kill", f"group {name}: killed {where} ({member.id}){'' if landed else ' (still running!)'}")
@@ -431,7 +433,7 @@ class Controller:
                                       phase=m.phase.value, pid=ident.pid if ident else None,
                                       id=ident.id if ident else None))
         return GroupView(name=s.name, version=s.version, state=s.state, weight=g.weight, standby=g.standby,
-                         restarts=s.restarts, handle=s.handle.id if s.handle else None,
+                         restarts=s.restarts, drill_rebuilds=s.drill_rebuilds, handle=s.handle.id if s.handle else None,
                          message=s.events[-1].message if s.events else "", last_activation_s=s.last_activation_s,
                          members=members, spec=g.spec)
 

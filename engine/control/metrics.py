@@ -77,8 +77,10 @@ class _FleetCollector:
                                     labels=["group", "version"])
         weight = GaugeMetricFamily("tideflow_controller_group_weight", "the group's router weight (desired)",
                                    labels=["group", "version"])
-        rebuilds = CounterMetricFamily("tideflow_controller_group_rebuilds", "whole-group rebuilds",
-                                       labels=["group", "version"])
+        rebuilds = CounterMetricFamily("tideflow_controller_group_rebuilds", "whole-group rebuilds after a failure "
+                                       "(fault drills' kills are counted apart)", labels=["group", "version"])
+        drills = CounterMetricFamily("tideflow_controller_group_drill_rebuilds",
+                                     "whole-group rebuilds after a fault drill killed a member", labels=["group", "version"])
         falls = CounterMetricFamily("tideflow_controller_group_falls", "times the group fell out of routing while serving",
                                     labels=["group", "version"])
         failures = CounterMetricFamily("tideflow_controller_member_failures",
@@ -90,10 +92,11 @@ class _FleetCollector:
             standby.add_metric([status.name, status.version], 1.0 if silent else 0.0)
             weight.add_metric([status.name, status.version], router_weight)
             rebuilds.add_metric([status.name, status.version], status.rebuilds)
+            drills.add_metric([status.name, status.version], status.drill_rebuilds)
             falls.add_metric([status.name, status.version], status.falls)
             for reason, count in sorted(status.member_failures.items()):
                 failures.add_metric([status.name, status.version, reason], count)
-        yield from (state, standby, weight, rebuilds, falls, failures)
+        yield from (state, standby, weight, rebuilds, drills, falls, failures)
         if snap.canary is not None:
             c = snap.canary
             step = GaugeMetricFamily("tideflow_controller_canary_step", "the canary step being held (-1 before the first)",

@@ -71,7 +71,8 @@ class GroupView(BaseModel):
     state: GroupState
     weight: float
     standby: bool
-    restarts: int
+    restarts: int = Field(description="rebuilds in a row that count against max_restarts (crashes)")
+    drill_rebuilds: int = Field(0, description="rebuilds after a fault drill's kill: counted apart, no budget spent")
     handle: str | None = Field(None, description="id of the current build (changes on every rebuild)")
     message: str = Field("", description="the last event's message")
     last_activation_s: float | None = None

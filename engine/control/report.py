@@ -17,13 +17,13 @@ def fleet_markdown(status: FleetStatus, title: str = "Fleet") -> str:
         lines.append("**no groups**")
     else:
         total = sum(g.weight for g in status.groups if g.state == GroupState.READY)
-        lines += ["| group | version | state | weight | traffic share | restarts | members | last event |",
-                  "|---|---|---|---|---|---|---|---|"]
+        lines += ["| group | version | state | weight | traffic share | restarts | drill rebuilds | members | last event |",
+                  "|---|---|---|---|---|---|---|---|---|"]
         for g in status.groups:
             share = f"{100 * g.weight / total:.0f} %" if total and g.state == GroupState.READY else "-"
             members = "<br>".join(f"{m.role} {m.instance}/{m.rank} {m.phase} pid {m.pid}" for m in g.members) or "-"
             lines.append(f"| {g.name} | {g.version} | {g.state.value} | {g.weight:g} | {share} | {g.restarts} | "
-                         f"{members} | {_cell(g.message)} |")
+                         f"{g.drill_rebuilds} | {members} | {_cell(g.message)} |")
     if status.canary is not None:
         c = status.canary
         what = c.decision or f"step {c.step} at {c.percent:g} %"

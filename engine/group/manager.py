@@ -41,7 +41,8 @@ class Routing(Protocol):
     def inflight(self, name: str) -> int: ...
 
 # Why a member ended, from its exit status (engine.errors): what the lifecycle board and the alerts count.
-FAILURE_REASONS = ("weights", "peer_lost", "killed", "failed")
+# "drill": a fault drill killed it on purpose (Controller.kill_member), counted apart from real failures.
+FAILURE_REASONS = ("weights", "peer_lost", "killed", "failed", "drill")
 
 
 def failure_reason(member: MemberStatus) -> str:
@@ -92,7 +93,10 @@ class GroupStatus(BaseModel):
     events: list[GroupEvent] = Field(default_factory=list)
     last_ready_s: float | None = Field(None, description="seconds from start to Ready of the last (re)build")
     last_activation_s: float | None = Field(None, description="seconds of the last Standby -> Ready activation")
-    rebuilds: int = Field(0, description="whole-group rebuilds since this controller took the group (never reset)")
+    rebuilds: int = Field(0, description="whole-group rebuilds since this controller took the group (never reset), "
+                                         "fault drills' left out")
+    drill_rebuilds: int = Field(0, description="whole-group rebuilds after a fault drill killed a member: never "
+                                               "counted in restarts (the crash-loop budget) nor in rebuilds")
     falls: int = Field(0, description="times the group fell out of routing while serving")
     member_failures: dict[str, int] = Field(default_factory=lambda: dict.fromkeys(FAILURE_REASONS, 0),
                                             description="member failures that ended a build or a watch, by reason")
@@ -116,6 +120,9 @@ class ManagedGroup:
         self._persist_lock = threading.Lock()
         self._stop = threading.Event()
         self._ready_since: float | None = None
+        self._drill_targets: set[tuple[str, int, int]] = set()  # (role, instance, rank) a drill is killing
+        self._drill_fall = False  # the last fall was a drill's kill
+        self._drill_lock = threading.Lock()
         self._thread = threading.Thread(target=self._supervise, name=f"group-{spec.name}", daemon=True)
         self._event(GroupState.PENDING, "accepted")
 
@@ -161,6 +168,14 @@ class ManagedGroup:
                 failure = f"supervision failed: {exc.__class__.__name__}: {exc}"
             if self._stop.is_set():
                 break
+            if self._drill_fall:  # a drill's kill, not a crash: the group is rebuilt without spending its budget
+                self._drill_fall = False
+                self.status.drill_rebuilds += 1
+                self._event(GroupState.STARTING, f"rebuilding whole group after a fault drill's kill (not counted "
+                                                 f"against max_restarts): {failure}")
+                if self._stop.wait(self.policy.backoff_s):
+                    break
+                continue
             if self._ready_since is not None and time.monotonic() - self._ready_since >= self.policy.reset_after_s:
                 self.status.restarts, delay = 0, self.policy.backoff_s  # it was healthy: a new failure, not a crash loop
             if self.status.restarts >= self.policy.max_restarts:
@@ -227,9 +242,16 @@ class ManagedGroup:
             bad = [m for m in members if m.phase in (Phase.FAILED, Phase.EXITED)]
             if bad:
                 self._unregister()  # out of the router first, then everything else
-                self._count_failure(bad[0])
-                if not self.standby:
-                    self.status.falls += 1
+                with self._drill_lock:
+                    drilled = {(m.role, m.instance, m.rank) for m in bad} & self._drill_targets
+                    self._drill_targets.clear()
+                self._drill_fall = bool(drilled)
+                if drilled:
+                    self.status.member_failures["drill"] = self.status.member_failures.get("drill", 0) + 1
+                else:
+                    self._count_failure(bad[0])
+                    if not self.standby:
+                        self.status.falls += 1
                 why = _describe(bad[0])
                 self._event(GroupState.STARTING, f"a member failed: {why}")  # never shown Ready (or Standby) while down
                 if not self.standby and self.on_fall is not None:
@@ -239,6 +261,16 @@ class ManagedGroup:
                         log.exception("group %s: replacement after a fall failed", self.spec.name)
                 return why
         return "stopped"
+
+    def expect_drill_kill(self, role: str, instance: int, rank: int) -> None:
+        """A fault drill is about to kill this member: its fall is the drill's, not a crash (forget_drill_kill
+        when the kill did not go through)."""
+        with self._drill_lock:
+            self._drill_targets.add((role, instance, rank))
+
+    def forget_drill_kill(self, role: str, instance: int, rank: int) -> None:
+        with self._drill_lock:
+            self._drill_targets.discard((role, instance, rank))
 
     def _count_failure(self, member: MemberStatus) -> None:
         reason = failure_reason(member)

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from engine.control.controller import _LockedPool
-from engine.control.models import ApplyGroup, AutoscalerBody
+from engine.control.models import ApplyGroup, AutoscalerBody, KillMember
 from engine.group.manager import GroupState, ManagedGroup
 from engine.scaling.policy import Bounds, ScalingPolicy
 from tests.engine.control.fake_fleet import group_spec, table_controller
@@ -30,6 +30,13 @@ def fleet(tmp_path, monkeypatch):
 
 def wait_state(controller, name: str, states: set[GroupState], timeout_s: float = 20) -> GroupState:
     return controller.manager.groups[name].wait_for(states, timeout_s)
+
+
+def until(condition, timeout_s: float = 20) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return condition()
 
 
 def routed(controller) -> list[str]:
@@ -90,9 +97,7 @@ def test_a_deleted_group_that_falls_meanwhile_stays_deleted(fleet):
     controller.store.delete_group("gone")  # what delete() does first; the stop has not landed yet
     backend.fall("gone")
     assert wait_state(controller, "spare", {GroupState.READY}) == GroupState.READY  # the spare took its traffic
-    deadline = time.monotonic() + 20  # the replacement's record is written after its write-backs
-    while not any(e.kind == "replace" for e in controller.store.events()) and time.monotonic() < deadline:
-        time.sleep(0.01)
+    assert until(lambda: any(e.kind == "replace" for e in controller.store.events()))  # written after its write-backs
     assert "gone" not in controller.store.groups()
     controller.reconcile()
     assert "gone" not in controller.store.groups()
@@ -138,3 +143,22 @@ def test_a_failed_group_that_is_still_desired_is_tried_again(fleet):
         time.sleep(0.05)
     assert controller.manager.groups["stubborn"].status.state == GroupState.READY
     assert any("retry" in e.message for e in controller.store.events() if e.kind == "retry")
+
+
+def test_fault_drills_spend_no_crash_budget_and_are_counted_apart(fleet):
+    """Three drill kills inside reset_after_s used to spend a group's restart budget, so the next drill (or the
+    next real crash) ended the production group Failed."""
+    controller, backend = fleet
+    serving(controller, "drilled")
+    status = controller.manager.groups["drilled"].status
+    for i in range(controller.config.policy.max_restarts + 1):
+        controller.kill_member("drilled", KillMember(target="colocated"))
+        assert until(lambda: status.drill_rebuilds == i + 1 or status.state == GroupState.FAILED)
+        assert wait_state(controller, "drilled", {GroupState.READY, GroupState.FAILED}) == GroupState.READY
+    view = controller.view("drilled")
+    assert (view.restarts, view.drill_rebuilds) == (0, controller.config.policy.max_restarts + 1)
+    assert status.rebuilds == 0 and status.member_failures["drill"] == controller.config.policy.max_restarts + 1
+    backend.fall("drilled")  # a real crash still counts
+    assert until(lambda: status.rebuilds == 1)
+    assert wait_state(controller, "drilled", {GroupState.READY, GroupState.FAILED}) == GroupState.READY
+    assert controller.view("drilled").restarts == 1 and controller.manager.groups["drilled"].status.rebuilds == 1
