@@ -118,6 +118,7 @@ class Child:
     def stop(self, grace_s: float = 5.0) -> int:
         if self.alive():
             self.kill(signal.SIGTERM)
+            self.kill(signal.SIGCONT)  # a stopped process (SIGSTOP, a debugger) takes the SIGTERM only once continued
             try:
                 self.proc.wait(timeout=grace_s)
             except subprocess.TimeoutExpired:
@@ -165,6 +166,7 @@ class Adopted:
 
     def stop(self, grace_s: float = 5.0) -> int:
         self.kill(signal.SIGTERM)
+        self.kill(signal.SIGCONT)  # see Child.stop
         deadline = time.monotonic() + grace_s
         while self.alive() and time.monotonic() < deadline:
             time.sleep(0.05)

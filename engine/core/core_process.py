@@ -33,7 +33,8 @@ from pydantic import BaseModel, Field
 
 from engine.core import core_messages as m
 from engine.core.engine_config import EngineConfig
-from engine.core.llm_engine import EngineError, LLMEngine
+from engine.core.admission import EngineError
+from engine.core.llm_engine import LLMEngine
 from engine.core.outputs import RequestOutput
 from engine.core.resume import Resume
 from engine.core.sampling import SamplingParams
@@ -217,7 +218,7 @@ class EngineCore:
                     self._send(sockets, client, encode(item))
                 else:
                     batches.setdefault(client, []).append(item if isinstance(item, m.Output) else _wire(item))
-            stats = dict(self.engine.stats)
+            stats = {**self.engine.stats, "live": int(self.engine.live())}  # the API server's heartbeats read it
             for client, outputs in batches.items():
                 finished = [o.request_id for o in outputs if o.finish_reason is not None]
                 if finished:

@@ -26,7 +26,7 @@ from engine.encoder.prompt import block_extras, step_embeds
 from engine.core.client_tokens import ClientTokens, client_cap
 from engine.core.engine_config import EngineConfig
 from engine.encoder.splice import SplicedPrompt
-from engine.errors import TideflowError
+from engine.core.admission import EngineError, QueueFull, check_request
 from engine import intraop
 from engine.core.kv_cache import BlockAllocator, OutOfBlocks, num_blocks_for_budget
 from engine.model.decoder import MoEForCausalLM
@@ -40,27 +40,13 @@ from engine.core.sampling import Logprob, SamplingParams, resolve_seed, sample
 from engine.core.scheduler import Scheduler, StepPlan
 from engine.core.sequence import Sequence
 from engine.metrics import ServingMetrics
+from engine.core.step_clock import StepClock
 from engine.core.stop import finish_reason
 from engine.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 
 DEFAULT_KV_FRACTION = 0.2
-
-
-class EngineError(TideflowError):
-    """A request the engine refuses; `status` is the HTTP status the server answers with."""
-
-    status = 400
-    param: str | None = None
-
-
-class PromptTooLong(EngineError):
-    param = "prompt"
-
-
-class QueueFull(EngineError):
-    status = 429
 
 
 @dataclass
@@ -129,6 +115,7 @@ class LLMEngine:
         self._thread: threading.Thread | None = None
         self._ids = itertools.count()
         self._seen_prefix = (0, 0)
+        self.clock = StepClock()  # whether the engine is busy or stuck (the members' stream heartbeats read it)
 
     @classmethod
     def from_dir(cls, model_dir: str | Path, config: EngineConfig, metrics: ServingMetrics | None = None,
@@ -167,9 +154,14 @@ class LLMEngine:
             self._thread.join(timeout=30)
             self._thread = None
 
+    def live(self) -> bool:
+        """Between steps, or in one still within its budget (engine.core.step_clock)."""
+        return self.clock.live()
+
     def warm_up(self) -> None:
         """One short generation through the whole path; the engine is ready after it."""
         self.generate([self.tokenizer.encode("warm up") or [0]], SamplingParams(max_tokens=4))
+        self._on_engine_thread(self.scheduler.forget_clients)  # the warm-up is nobody: no share is kept for it
         self.ready = True
 
     # ---- submission (any thread) -------------------------------------------------------------
@@ -377,7 +369,9 @@ class LLMEngine:
                 wake_at = self.scheduler.wake_at()
                 self._wake.wait(None if wake_at is None else max(0.0, wake_at - now))
                 continue
+            self.clock.begin(sum(item.num_new for item in plan.batch))
             self._run(plan)
+            self.clock.end()
             self._observe(plan)
 
     def _drain_inbox(self) -> None:
@@ -565,23 +559,6 @@ class LLMEngine:
                       "queued_prefill_tokens": sum(s.num_uncomputed for s in self.scheduler.waiting)}
         m.kv_used.set(self.allocator.num_used)
         m.kv_free.set(self.allocator.num_free)
-
-
-def check_request(prompt_tokens: list[int], params: SamplingParams, max_model_len: int,
-                  resume: Resume | None = None) -> None:
-    """Raise PromptTooLong if the request cannot fit the context or the KV cache, or (resumed) if nothing is left
-    to generate."""
-    if not prompt_tokens:
-        raise PromptTooLong("the prompt is empty")
-    total = len(prompt_tokens) + params.max_tokens
-    if total > max_model_len:
-        raise PromptTooLong(
-            f"prompt ({len(prompt_tokens)} tokens) + max_tokens ({params.max_tokens}) = {total} exceeds "
-            f"the model's context of {max_model_len} tokens; shorten the prompt or lower max_tokens"
-        )
-    if resume is not None and len(resume.output_token_ids) >= params.max_tokens:
-        raise PromptTooLong(f"the resumed request already holds {len(resume.output_token_ids)} of its "
-                            f"{params.max_tokens} tokens: nothing is left to generate")
 
 
 def _slice(seq: Sequence, start: int, n: int) -> list[int]:

@@ -57,6 +57,17 @@ class RequestStream:
     def put(self, out: RequestOutput) -> None:
         self.loop.call_soon_threadsafe(self.queue.put_nowait, out)
 
+    async def next(self, timeout_s: float) -> RequestOutput | None:
+        """The next output, or None when none came within `timeout_s`; the stream stays usable either way (the
+        queue's get gives nothing up when it is cancelled)."""
+        try:
+            out = await asyncio.wait_for(self.queue.get(), timeout_s)
+        except TimeoutError:
+            return None
+        if isinstance(out, Exception):
+            raise out
+        return out
+
     async def __aiter__(self):
         while True:
             out = await self.queue.get()

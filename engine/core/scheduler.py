@@ -143,6 +143,12 @@ class Scheduler:
         """When an idle engine must look again: the shuttle's closing time."""
         return self.shuttle.closes_at
 
+    def forget_clients(self) -> None:
+        """Nobody has been about (after the engine's own warm-up: the first client gets the whole budget, not
+        1/MAX_SHARES of it for RECENT_S)."""
+        self.seen.clear()
+        self.served.clear()
+
     def client_of(self, seq: Sequence) -> str:
         return seq.client if self.fair else ""
 

@@ -79,6 +79,9 @@ class SupervisionPolicy(BaseModel):
     backoff_max_s: float = Field(30.0, ge=0, description="cap of the rebuild delay")
     poll_s: float = Field(0.1, gt=0, description="member observation period")
     reset_after_s: float = Field(300.0, ge=0, description="Ready this long before falling: restarts and backoff start over")
+    unready_s: float = Field(3.0, gt=0, description="a member of a Ready (or Standby) group seen not Ready this long "
+                             "(a stopped process, a hung step, a lost network: it answers /ready no more) counts as "
+                             "failed: the group leaves routing and is rebuilt whole")
     failed_retry_max_s: float = Field(600.0, gt=0, description="a Failed group that is still desired is built again "
                                       "after backoff_max_s, doubling each time up to this")
 
@@ -236,10 +239,12 @@ class ManagedGroup:
         return "stopped" if self._stop.is_set() else f"members not ready within {self.policy.ready_timeout_s:.0f}s"
 
     def _watch(self, handle: GroupHandle) -> str:
+        unready_since: dict[tuple[str, int, int], float] = {}
         while not self._stop.wait(self.policy.poll_s):
             members = self.backend.members(handle)
             self.status.members = members
-            bad = [m for m in members if m.phase in (Phase.FAILED, Phase.EXITED)]
+            bad = [m for m in members if m.phase in (Phase.FAILED, Phase.EXITED)] or \
+                self._unready(members, unready_since)
             if bad:
                 self._unregister()  # out of the router first, then everything else
                 with self._drill_lock:
@@ -271,6 +276,22 @@ class ManagedGroup:
     def forget_drill_kill(self, role: str, instance: int, rank: int) -> None:
         with self._drill_lock:
             self._drill_targets.discard((role, instance, rank))
+
+    def _unready(self, members: list[MemberStatus], since: dict[tuple[str, int, int], float]) -> list[MemberStatus]:
+        """Members not Ready for policy.unready_s in a row, as failed (Failed phase, the reason in the message).
+        Not while the group is being parked or activated: its members answer 503 on /ready then, on purpose."""
+        if self.status.state not in (GroupState.READY, GroupState.STANDBY) or self._control.locked():
+            since.clear()
+            return []
+        now, out = time.monotonic(), []
+        for m in members:
+            place = (m.role, m.instance, m.rank)
+            if m.phase == Phase.READY:
+                since.pop(place, None)
+            elif now - since.setdefault(place, now) >= self.policy.unready_s:
+                out.append(m.model_copy(update={"phase": Phase.FAILED, "message": (
+                    f"not Ready for {now - since[place]:.1f}s (stopped, stuck or unreachable): {m.message}").strip()}))
+        return out
 
     def _count_failure(self, member: MemberStatus) -> None:
         reason = failure_reason(member)

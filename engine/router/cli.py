@@ -24,6 +24,9 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--route-wait-s", type=float, default=5.0,
                    help="how long a request waits for a routable group when none is (a standby activating); 503 after")
     p.add_argument("--health-interval-s", type=float, default=0.5)
+    p.add_argument("--stall-timeout-s", type=float, default=1.5,
+                   help="a member stream silent this long (members beat every 0.5 s while at work) is taken for a "
+                        "stopped member: its requests move on and it is ejected")
     p.add_argument("--member-network", action="append", default=None, metavar="CIDR",
                    help="accept member endpoints only in this network (repeatable; default: any host)")
     p.add_argument("--controller-url", default=None,
@@ -53,7 +56,7 @@ def _run(args: argparse.Namespace) -> int:
                           rate_limit_rps=args.rate_limit_rps, request_timeout_s=args.request_timeout_s,
                           max_attempts=args.max_attempts, migration_limit=args.migration_limit,
                           route_wait_s=args.route_wait_s,
-                          health_interval_s=args.health_interval_s,
+                          health_interval_s=args.health_interval_s, stall_timeout_s=args.stall_timeout_s,
                           max_body_bytes=args.max_body_bytes, prompt_workers=args.prompt_workers,
                           max_open_per_key=args.max_open_per_key or None,
                           member_networks=args.member_network,

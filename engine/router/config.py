@@ -18,6 +18,11 @@ class RouterConfig(BaseModel):
     request_timeout_s: float = Field(300.0, gt=0, description="whole-request deadline")
     connect_timeout_s: float = Field(5.0, gt=0, description="upstream connect deadline")
     first_token_timeout_s: float = Field(120.0, gt=0, description="deadline for an upstream's first byte")
+    stall_timeout_s: float = Field(
+        1.5, gt=0, description="an upstream stream that sends nothing (no event, no heartbeat) for this long is taken "
+                               "for a member that stopped: the request moves to another group and the member is "
+                               "ejected. Members send a heartbeat each 0.5 s while their engine is at work, a long "
+                               "prompt included")
     max_attempts: int = Field(3, ge=1, le=10, description="tries of a stage that failed before any token was sent")
     migration_limit: int = Field(
         3, ge=0, le=10, description="times one request may move to another worker after its upstream broke "

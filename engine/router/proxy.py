@@ -320,10 +320,13 @@ class Proxy:
         iterator = sse_lines(response)
         response.extensions["tideflow_lines"] = iterator
         while True:
+            wait = min(self.config.stall_timeout_s, max(0.1, deadline - time.monotonic()))
             try:
-                line = await asyncio.wait_for(iterator.__anext__(), timeout=max(0.1, deadline - time.monotonic()))
+                line = await asyncio.wait_for(iterator.__anext__(), timeout=wait)
             except StopAsyncIteration:
                 raise UpstreamFailed("the upstream stream ended before its first event") from None
+            except TimeoutError:
+                raise UpstreamFailed(f"{response.url} sent nothing for {wait:g}s before its first event") from None
             lines.append(line)
             if line.startswith("data:"):
                 if '"error"' in line[:20]:
@@ -341,7 +344,7 @@ class Proxy:
             async with asyncio.timeout(max(0.1, deadline - time.monotonic())):
                 while True:
                     try:
-                        async for line in _lines(current):
+                        async for line in _watched(_lines(current), self.config.stall_timeout_s):
                             event = record.take(line)
                             if event is not None:
                                 yield event
@@ -353,6 +356,9 @@ class Proxy:
                         reason = (exc.reason if isinstance(exc, UpstreamBroke)
                                   else "stall" if isinstance(exc, httpx.TimeoutException) else "disconnect")
                         why = str(exc) if isinstance(exc, UpstreamBroke) else f"upstream failed mid-stream: {exc.__class__.__name__}"
+                    if reason == "stall":  # new requests must not find it while the health checks still pass
+                        for endpoint in current.endpoints:
+                            HealthMonitor.eject(endpoint, why)
                     await self._close(current)
                     current = None
                     if record.finish_reason is not None:  # every token is in; only the stream's tail was lost
@@ -392,6 +398,25 @@ async def _lines(opened: Opened) -> AsyncIterator[str]:
         yield line
     async for line in opened.response.extensions["tideflow_lines"]:
         yield line
+
+
+async def _watched(lines: AsyncIterator[str], stall_s: float) -> AsyncIterator[str]:
+    """`lines`, or UpstreamBroke("stall") once none came for `stall_s`. Only the wait for the upstream counts: the
+    timer is off while the caller handles a line (a slow client is not a stalled member)."""
+    loop = asyncio.get_running_loop()
+    upstream = lines.__aiter__()
+    try:
+        async with asyncio.timeout(None) as silence:
+            while True:
+                silence.reschedule(loop.time() + stall_s)
+                try:
+                    line = await upstream.__anext__()
+                except StopAsyncIteration:
+                    return
+                silence.reschedule(None)
+                yield line
+    except TimeoutError:
+        raise UpstreamBroke("stall", f"the upstream sent nothing for {stall_s:g}s (no event, no heartbeat)") from None
 
 
 async def _sse(events: AsyncIterator[str], record: StreamRecord) -> AsyncIterator[str]:

@@ -82,6 +82,8 @@ def create_app(engine: LLMEngine, model_name: str, api_keys: list[str | ApiKey] 
             return JSONResponse({"status": "standby", "model": model_name})
         if not engine.ready:
             return error_response(503, "the model is loading or warming up", code="not_ready")
+        if not engine.live():  # a hung step: routers eject it and the controller rebuilds its group
+            return error_response(503, "the engine is stuck in one step, past what its steps take", code="engine_stuck")
         return JSONResponse({"status": "ready", "model": model_name})
 
     @open_routes.get("/internal/stats")
@@ -252,6 +254,27 @@ def _traced(data: str, trace: dict) -> str:
     return f'{data[:-1]},"{TRACE_FIELD}":{json.dumps(trace, separators=(",", ":"))}}}'
 
 
+# A stream to the router carries this comment after HEARTBEAT_S without an event, while the engine is between steps
+# or in one within its budget (engine.core.step_clock): the router takes a stream silent for its stall timeout
+# (1.5 s by default) for a member that stopped (a hung step, a stopped process, a lost network) and moves the
+# request, and a long prompt being computed is never taken for one. Clients (no trace header) get none.
+HEARTBEAT_S = 0.5
+HEARTBEAT = ": live\n\n"
+
+
+async def _paced(stream: RequestStream, heartbeats: bool) -> AsyncIterator[RequestOutput | None]:
+    """The stream's outputs; with `heartbeats`, also None each HEARTBEAT_S that brought none."""
+    if not heartbeats:
+        async for out in stream:
+            yield out
+        return
+    while True:
+        out = await stream.next(HEARTBEAT_S)
+        yield out
+        if out is not None and out.finished:
+            return
+
+
 def _sse(engine: LLMEngine, stream: RequestStream, first: str | None, chunk, last,
          trace_prompt: list[int] | None = None) -> StreamingResponse:
     """Server-sent events: one chunk per output with text; closing the stream cancels the request.
@@ -269,7 +292,11 @@ def _sse(engine: LLMEngine, stream: RequestStream, first: str | None, chunk, las
                 else:
                     first_event = first
                 yield f"data: {first_event}\n\n"
-            async for out in stream:
+            async for out in _paced(stream, traced):
+                if out is None:  # nothing to send for HEARTBEAT_S: say the engine is at work, if it is
+                    if engine.live():
+                        yield HEARTBEAT
+                    continue
                 if out.error is not None:
                     error = ErrorResponse(error=ErrorDetail(message=out.error, type="server_error", code="engine_error"))
                     yield f"data: {error.model_dump_json()}\n\n"

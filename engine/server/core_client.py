@@ -32,7 +32,7 @@ import zmq
 
 from engine.core import core_messages as m
 from engine.core.core_process import CoreSpec
-from engine.core.llm_engine import EngineError, PromptTooLong, QueueFull, check_request
+from engine.core.admission import EngineError, PromptTooLong, QueueFull, check_request
 from engine.core.output_text import RequestText
 from engine.core.outputs import RequestOutput, RequestStream
 from engine.core.resume import Resume
@@ -42,6 +42,7 @@ from engine.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 
+LIVE_S = 1.0  # a core heard from this recently is alive (it beats every BEAT_S)
 CORE_TIMEOUT_S = 3.0  # a core that sends nothing this long (it beats every BEAT_S) is hung
 POLL_MS = 100  # how often the receiver looks at the core process when nothing arrives: /ready false within 1 s
 CONNECT_TIMEOUT_S = 1800.0  # the core loads the model and builds its ops before it answers
@@ -243,6 +244,12 @@ class CoreClient:
         except Exception as exc:  # this thread is the only way outputs arrive: losing it is losing the core
             log.exception("the engine core's receiver failed")
             self._fail_all(f"the engine core's receiver failed: {exc}")
+
+    def live(self) -> bool:
+        """The core beat within LIVE_S and said its engine is between steps or in one within its budget
+        (engine.core.step_clock): what the streams' heartbeats need, as LLMEngine.live()."""
+        heard = self._heard
+        return heard is not None and time.monotonic() - heard < LIVE_S and bool(self.stats.get("live", 1))
 
     def _core_gone(self, now: float) -> str | None:
         if self.core is not None and not self.core.alive():

@@ -11,7 +11,7 @@ from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
-from engine.core.llm_engine import EngineError
+from engine.core.admission import EngineError
 from engine.server.limits import BodyReadTimeout
 from engine.server.protocol import ErrorDetail, ErrorResponse
 

@@ -73,7 +73,7 @@ class FaultInjector:
 
 
 class _SlowStream:
-    """Same interface as the engine's RequestStream (request_id + async iteration)."""
+    """Same interface as the engine's RequestStream (request_id, next, async iteration)."""
 
     def __init__(self, stream, delay_s: float) -> None:
         self._stream, self._delay_s = stream, delay_s
@@ -81,6 +81,12 @@ class _SlowStream:
     @property
     def request_id(self) -> str:
         return self._stream.request_id
+
+    async def next(self, timeout_s: float):
+        out = await self._stream.next(timeout_s)
+        if out is not None:
+            await asyncio.sleep(self._delay_s)
+        return out
 
     async def __aiter__(self):
         async for out in self._stream:

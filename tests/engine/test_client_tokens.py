@@ -7,7 +7,8 @@ import openai
 import pytest
 
 from engine.core.engine_config import EngineConfig
-from engine.core.llm_engine import LLMEngine, QueueFull
+from engine.core.admission import QueueFull
+from engine.core.llm_engine import LLMEngine
 from engine.core.sampling import SamplingParams
 from engine.model.loader import load_model
 from engine.server.auth import key_digest

@@ -5,7 +5,8 @@ import threading
 
 import pytest
 
-from engine.core.llm_engine import EngineConfig, EngineError, LLMEngine
+from engine.core.admission import EngineError
+from engine.core.llm_engine import EngineConfig, LLMEngine
 from engine.model import load_model
 from engine.core.sampling import SamplingParams
 from engine.tokenizer import Tokenizer

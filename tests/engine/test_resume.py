@@ -7,7 +7,8 @@ import queue
 
 import pytest
 
-from engine.core.llm_engine import EngineConfig, LLMEngine, PromptTooLong
+from engine.core.admission import PromptTooLong
+from engine.core.llm_engine import EngineConfig, LLMEngine
 from engine.core.outputs import RequestOutput
 from engine.model.loader import load_model
 from engine.core.resume import Resume

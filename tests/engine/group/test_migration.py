@@ -147,6 +147,39 @@ def test_sigkill_a_colocated_member_mid_stream_loses_nothing(groupset, undisturb
     ready(groups[name])  # rebuilt whole by its supervisor before the next test
 
 
+def test_a_member_stopped_mid_stream_is_left_within_seconds_and_its_group_rebuilt(groupset, undisturbed):
+    """SIGSTOP: the member's sockets stay open and nothing comes. The router used to wait out its 120 s read
+    timeout; the streams' heartbeats stop with the process, so the router moves them after its 1.5 s stall
+    timeout, and the supervisor, seeing the member unready for 3 s, rebuilds its group."""
+    groups, want = undisturbed
+    before = migrations(groupset.url, groupset.client_key).get("stall", 0)
+    hit: list = []
+
+    def stop_busiest() -> None:
+        held = {g["name"]: g["inflight"] for g in groupset.admin.groups() if g["name"] in groups}
+        name = max(held, key=held.get)
+        handle = groups[name].status.handle
+        pid = next(pid for m, pid in groupset.backend.pids(handle).items() if m.role == "colocated")
+        os.kill(pid, signal.SIGSTOP)
+        hit.append((name, held[name], handle))
+
+    t0 = time.monotonic()
+    answers = asyncio.run(workload(groupset.url, groupset.client_key, stop_busiest))
+    took = time.monotonic() - t0
+    check(answers, want)
+    (name, held, handle), = hit
+    stalled = migrations(groupset.url, groupset.client_key).get("stall", 0) - before
+    assert held >= 1 and stalled >= 1, f"nothing moved for a stall: {name} held {held} requests"
+    assert took < 60, f"the workload took {took:.0f}s: the stopped member was waited for"  # the read timeout is 120 s
+    deadline = time.monotonic() + 60
+    while groups[name].status.handle in (handle, None) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert groups[name].status.handle not in (handle, None), "the stopped member's group was not rebuilt"
+    ready(groups[name])
+    assert "not Ready for" in " ".join(e.message for e in groups[name].status.events)
+    print(f"\nSIGSTOP {name} holding {held} requests: {stalled:.0f} moved for a stall, answers exact, {took:.1f}s")
+
+
 @pytest.mark.parametrize("role,chunks", [("decode", 3), ("prefill", 0), ("prefill", 3)],
                          ids=["decode", "prefill-before-handoff", "prefill-after-handoff"])
 def test_sigkill_a_pd_member_mid_stream_loses_nothing(groupset, undisturbed, tiny_model_dir, role, chunks):
