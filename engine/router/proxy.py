@@ -259,18 +259,26 @@ class Proxy:
                 if content is None:
                     content = await self.cpu.run(_json, {"prompt_token_ids": prompt, "request": body, "images": images,
                                                          "resume": resume})
-                opened = await self._post(target, "/internal/prefill", content, False, deadline, client)
+                opened = await self._post(target, "/internal/prefill", content, False, deadline, client, watched=True)
+                handoff = json.loads(opened.body)
+                if "error" in handoff:  # the engine failed after the answer had begun (its status was sent)
+                    raise UpstreamFailed(f"prefill failed: {str(handoff['error'].get('message'))[:300]}")
             except UpstreamFailed as exc:
                 last = str(exc)
+                continue
+            except ValueError:
+                last = "prefill answered something that is not JSON"
                 continue
             finally:
                 target.queued_prefill_tokens -= len(prompt)
             self.prefill_lb.record(target, hashes)
-            return json.loads(opened.body)
+            return handoff
         raise UpstreamFailed(last)
 
     async def _post(self, target: EndpointState, path: str, content: bytes, stream: bool, deadline: float,
-                    client: str = "") -> Opened:
+                    client: str = "", watched: bool = False) -> Opened:
+        """`watched` (a whole answer the member paces with heartbeats: prefill): its body may go silent no longer
+        than the stall timeout, as a stream may not."""
         url = target.endpoint.url + path
         remaining = max(0.1, deadline - time.monotonic())
         timeout = httpx.Timeout(min(self.config.first_token_timeout_s, remaining), connect=self.config.connect_timeout_s)
@@ -301,10 +309,16 @@ class Proxy:
                 if response.status_code >= 400:
                     raise UpstreamRejected(response.status_code, await response.aread())
                 if not stream:
-                    return Opened(response, body=await response.aread(), endpoints=[target])
+                    if not watched:
+                        return Opened(response, body=await response.aread(), endpoints=[target])
+                    parts = [chunk async for chunk in _watched(response.aiter_bytes(), self.config.stall_timeout_s)]
+                    return Opened(response, body=b"".join(parts), endpoints=[target])
                 head = await self._read_head(response, deadline)
                 handed_over = True
                 return Opened(response, head=head, endpoints=[target])
+            except UpstreamBroke as exc:  # a paced answer went silent: the member stopped
+                HealthMonitor.eject(target, str(exc))
+                raise UpstreamFailed(f"{url}: {exc}") from None
             except (httpx.HTTPError, asyncio.TimeoutError) as exc:
                 raise UpstreamFailed(f"{url} broke before its first event: {exc.__class__.__name__}") from None
             finally:
@@ -400,21 +414,22 @@ async def _lines(opened: Opened) -> AsyncIterator[str]:
         yield line
 
 
-async def _watched(lines: AsyncIterator[str], stall_s: float) -> AsyncIterator[str]:
-    """`lines`, or UpstreamBroke("stall") once none came for `stall_s`. Only the wait for the upstream counts: the
-    timer is off while the caller handles a line (a slow client is not a stalled member)."""
+async def _watched(items: AsyncIterator, stall_s: float) -> AsyncIterator:
+    """`items` (an upstream's lines or body chunks), or UpstreamBroke("stall") once none came for `stall_s`. Only
+    the wait for the upstream counts: the timer is off while the caller handles an item (a slow client is not a
+    stalled member)."""
     loop = asyncio.get_running_loop()
-    upstream = lines.__aiter__()
+    upstream = items.__aiter__()
     try:
         async with asyncio.timeout(None) as silence:
             while True:
                 silence.reschedule(loop.time() + stall_s)
                 try:
-                    line = await upstream.__anext__()
+                    item = await upstream.__anext__()
                 except StopAsyncIteration:
                     return
                 silence.reschedule(None)
-                yield line
+                yield item
     except TimeoutError:
         raise UpstreamBroke("stall", f"the upstream sent nothing for {stall_s:g}s (no event, no heartbeat)") from None
 

@@ -12,6 +12,7 @@ from typing import AsyncIterator
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from engine.server.heartbeat import SSE_HEARTBEAT, paced
 from engine.server.faults import FaultInjector
 from engine.core.llm_engine import LLMEngine
 from engine.core.outputs import RequestOutput, RequestStream
@@ -254,27 +255,6 @@ def _traced(data: str, trace: dict) -> str:
     return f'{data[:-1]},"{TRACE_FIELD}":{json.dumps(trace, separators=(",", ":"))}}}'
 
 
-# A stream to the router carries this comment after HEARTBEAT_S without an event, while the engine is between steps
-# or in one within its budget (engine.core.step_clock): the router takes a stream silent for its stall timeout
-# (1.5 s by default) for a member that stopped (a hung step, a stopped process, a lost network) and moves the
-# request, and a long prompt being computed is never taken for one. Clients (no trace header) get none.
-HEARTBEAT_S = 0.5
-HEARTBEAT = ": live\n\n"
-
-
-async def _paced(stream: RequestStream, heartbeats: bool) -> AsyncIterator[RequestOutput | None]:
-    """The stream's outputs; with `heartbeats`, also None each HEARTBEAT_S that brought none."""
-    if not heartbeats:
-        async for out in stream:
-            yield out
-        return
-    while True:
-        out = await stream.next(HEARTBEAT_S)
-        yield out
-        if out is not None and out.finished:
-            return
-
-
 def _sse(engine: LLMEngine, stream: RequestStream, first: str | None, chunk, last,
          trace_prompt: list[int] | None = None) -> StreamingResponse:
     """Server-sent events: one chunk per output with text; closing the stream cancels the request.
@@ -292,10 +272,10 @@ def _sse(engine: LLMEngine, stream: RequestStream, first: str | None, chunk, las
                 else:
                     first_event = first
                 yield f"data: {first_event}\n\n"
-            async for out in _paced(stream, traced):
+            async for out in paced(stream, traced):
                 if out is None:  # nothing to send for HEARTBEAT_S: say the engine is at work, if it is
                     if engine.live():
-                        yield HEARTBEAT
+                        yield SSE_HEARTBEAT
                     continue
                 if out.error is not None:
                     error = ErrorResponse(error=ErrorDetail(message=out.error, type="server_error", code="engine_error"))

@@ -10,14 +10,20 @@ from __future__ import annotations
 import asyncio
 import time
 
+from typing import AsyncIterator
+
 from fastapi import APIRouter, Request
+from fastapi.responses import StreamingResponse
 
 from engine.encoder.prompt import spliced_prompt
 from engine.encoder.splice import SplicedPrompt
 from engine.server.faults import FaultInjector
 from engine.core.llm_engine import LLMEngine
-from engine.core.pd import DecodeRequest, Handoff, HandoffResult, PrefillRequest, new_transfer_id
+from engine.core.outputs import RequestStream
+from engine.core.pd import DecodeRequest, Handoff, PrefillRequest, new_transfer_id
 from engine.server.errors import APIError
+from engine.server.heartbeat import JSON_HEARTBEAT, paced
+from engine.server.protocol import ErrorDetail, ErrorResponse
 from engine.server.auth import BearerAuth
 from engine.server.requests import check_model, check_priority, check_token_ids, params_for, parse_body
 from engine.transfer import KVTransferError, TransportKind, make_receiver, make_sender
@@ -46,7 +52,10 @@ def pd_routes(engine: LLMEngine, model_name: str, transport: TransportKind, resp
             raise APIError(400, str(exc), param="images", code="invalid_value") from None
 
     @routes.post("/internal/prefill")
-    async def prefill(body: PrefillRequest, request: Request) -> HandoffResult:
+    async def prefill(body: PrefillRequest, request: Request) -> StreamingResponse:
+        """The HandoffResult as JSON, after a space each HEARTBEAT_S while the engine is at work
+        (engine/server/heartbeat.py): a long prompt and a stopped member look different to the router. Refusals
+        come before the answer starts, with their status; an engine failure after it is the body {"error": ...}."""
         parsed = parse_body("chat/completions" if "messages" in body.request else "completions", body.request)
         check_priority(parsed.priority, auth.priority_floor(request))
         check_model(parsed.model, model_name)
@@ -55,12 +64,7 @@ def pd_routes(engine: LLMEngine, model_name: str, transport: TransportKind, resp
         handoff = Handoff(sender, new_transfer_id())
         stream = engine.stream(body.prompt_token_ids, params, handoff=handoff, images=spliced(body), resume=body.resume,
                                client=auth.client_of(request))
-        async for out in stream:
-            if out.error is not None:
-                raise APIError(500, out.error, code="engine_error")
-            if out.handoff is not None:
-                return out.handoff
-        raise APIError(500, "prefill ended without a handoff", code="engine_error")
+        return StreamingResponse(_handoff_json(engine, stream), media_type="application/json")
 
     @routes.post("/internal/decode")
     async def decode(body: DecodeRequest, request: Request):
@@ -89,6 +93,28 @@ def pd_routes(engine: LLMEngine, model_name: str, transport: TransportKind, resp
         return await respond(parsed, request, stream, body.prompt_token_ids, _resumed(body))
 
     return routes
+
+
+async def _handoff_json(engine: LLMEngine, stream: RequestStream) -> AsyncIterator[bytes]:
+    ended = False
+    try:
+        async for out in paced(stream, heartbeats=True):
+            if out is None:
+                if engine.live():
+                    yield JSON_HEARTBEAT
+                continue
+            if out.error is not None or out.handoff is not None or out.finished:
+                ended = out.finished or out.error is not None
+                if out.handoff is not None:
+                    yield out.handoff.model_dump_json().encode()
+                else:
+                    why = out.error or "prefill ended without a handoff"
+                    yield ErrorResponse(error=ErrorDetail(message=why, type="server_error",
+                                                          code="engine_error")).model_dump_json().encode()
+                return
+    finally:
+        if not ended:  # the router went away, or the answer ended here: nothing more is computed for it
+            engine.abort(stream.request_id)
 
 
 def _resumed(body: PrefillRequest | DecodeRequest) -> list[int]:

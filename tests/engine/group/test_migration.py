@@ -210,3 +210,34 @@ def test_sigkill_a_pd_member_mid_stream_loses_nothing(groupset, undisturbed, tin
     finally:
         pd.drain_and_stop(5)
         groupset.admin.set_weights({"mig-a": 1.0, "mig-b": 1.0})
+
+
+@pytest.mark.parametrize("role,chunks", [("prefill", 0), ("decode", 3)], ids=["prefill-while-prefilling", "decode"])
+def test_a_pd_member_stopped_mid_request_is_left_within_seconds(groupset, undisturbed, tiny_model_dir, role, chunks):
+    """SIGSTOP on a PD group: a stopped prefill member's answer (a JSON body the member paces with spaces) goes
+    silent, so the router tries the other prefill instance after its stall timeout instead of its 120 s read
+    timeout; a stopped decode member's streams move as a colocated one's do."""
+    groups, want = undisturbed
+    pd = groupset.up(group_spec(f"stop-pd-{role}", tiny_model_dir, prefill=2))
+    try:
+        ready(pd)
+        groupset.admin.set_weights({"mig-a": 0.0, "mig-b": 1.0, pd.spec.name: 3.0})
+        hit: list = []
+
+        def stop() -> None:
+            t0 = time.monotonic()
+            while groupset.admin.inflight(pd.spec.name) == 0:  # chunks=0: the requests are only arriving
+                assert time.monotonic() - t0 < 60, "no request reached the PD group"
+            pid = next(pid for m, pid in groupset.backend.pids(pd.status.handle).items() if m.role == role)
+            os.kill(pid, signal.SIGSTOP)
+            hit.append(pid)
+
+        t0 = time.monotonic()
+        answers = asyncio.run(workload(groupset.url, groupset.client_key, stop, chunks))
+        took = time.monotonic() - t0
+        check(answers, want)
+        assert hit and took < 60, f"the workload took {took:.0f}s: the stopped {role} member was waited for"
+        print(f"\nSIGSTOP {role} of {pd.spec.name}: answers exact, {took:.1f}s")
+    finally:
+        pd.drain_and_stop(5)
+        groupset.admin.set_weights({"mig-a": 1.0, "mig-b": 1.0})
