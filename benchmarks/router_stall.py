@@ -4,7 +4,10 @@ carry (MAX_MESSAGES) filled up to the router's character bound, to a prefill + d
 #37: no probe slower than 100 ms). The baseline, in the same run: the same probes with no big request.
 
     python benchmarks/router_stall.py [--concurrent 4] [--prompt-mb 7] [--messages 100000] [--period-ms 50]
-                                      [--target-ms 100] [--tiny]
+                                      [--target-ms 100] [--tiny] [--target member]
+
+`--target member`: the same cases against one `tideflow serve` member taking clients itself (its /health), which
+refuses a prompt too long for any tokenization before tokenizing it, as the router does.
 
 A LocalGroupSet starts `tideflow router` as a user starts it (its CLI, its defaults) and a 1P+1D group of real
 members of the default model. A PD group is what makes the router tokenize: a colocated group gets the body
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -27,6 +31,7 @@ import tempfile
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Iterator
 
 import httpx
 
@@ -37,9 +42,13 @@ from engine.default_model import DEFAULT_CONFIG, TINY_CONFIG, write_default_mode
 from engine.group.groupset import GroupSetConfig, LocalGroupSet  # noqa: E402
 from engine.group.manager import GroupState  # noqa: E402
 from engine.group.spec import InferenceGroup  # noqa: E402
-from engine.process import wait_http_ok  # noqa: E402
-from engine.router.prompt import PromptPreparer  # noqa: E402
+from engine.process import Child, free_port, tideflow_argv, wait_http_ok  # noqa: E402
+from engine.model.loader import read_config  # noqa: E402
 from engine.server.protocol import MAX_MESSAGES  # noqa: E402
+from engine.server.requests import prompt_char_limit  # noqa: E402
+from engine.tokenizer import Tokenizer  # noqa: E402
+
+MEMBER_KEY = "router-stall-client"
 
 
 async def probe(client: httpx.AsyncClient, latencies: list[float], errors: list[str]) -> None:
@@ -128,6 +137,35 @@ def bodies(args, max_chars: int) -> list[tuple[str, str | None, bytes]]:
     ]
 
 
+@contextlib.contextmanager
+def serving(args, model_dir: Path, tmp: Path) -> Iterator[tuple[str, str, str]]:
+    """(URL, client key, what) of the server under test: `tideflow router` in front of a 1P+1D group (what makes
+    the router tokenize), or one `tideflow serve` member taking clients itself (`--target member`)."""
+    if args.target == "member":
+        port = free_port()
+        child = Child("serve", tideflow_argv("serve", "--model", str(model_dir), "--port", str(port),
+                                             "--served-model-name", "default", "--kv-cache-bytes", str(64 << 20)),
+                      tmp / "serve.log", {"TIDEFLOW_API_KEYS": MEMBER_KEY})
+        try:
+            if not wait_http_ok(f"http://127.0.0.1:{port}/ready", 600, child):
+                raise SystemExit(f"tideflow serve did not get ready: {child.log_tail()}")
+            yield f"http://127.0.0.1:{port}", MEMBER_KEY, "member: `tideflow serve` defaults"
+        finally:
+            child.stop()
+        return
+    engine = {"kv_cache_bytes": 64 << 20}
+    pd = InferenceGroup.model_validate({"name": "pd", "version": "v1", "model": {"path": str(model_dir)},
+                                        "roles": [{"role": "prefill", "engine": engine},
+                                                  {"role": "decode", "engine": engine}]})
+    with LocalGroupSet(GroupSetConfig(model_dir=model_dir)) as gs:
+        group = gs.up(pd)
+        if group.wait_for({GroupState.READY, GroupState.FAILED}, 600) != GroupState.READY:
+            raise SystemExit(f"group pd failed: {group.status.events[-1].message}")
+        if not wait_http_ok(gs.url + "/ready", 60):
+            raise SystemExit(f"the router at {gs.url} never had the group routable")
+        yield gs.url, gs.client_key, "router: `tideflow router` defaults, 1P+1D group"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--concurrent", type=int, default=4, help="big requests sent at once, per case")
@@ -140,6 +178,8 @@ def main() -> int:
     ap.add_argument("--idle-s", type=float, default=3.0, help="probing with no big request (the baseline)")
     ap.add_argument("--timeout-s", type=float, default=120.0, help="per request, probes included")
     ap.add_argument("--tiny", action="store_true", help="the 2-layer test model (a 512-entry vocabulary)")
+    ap.add_argument("--target", choices=["router", "member"], default="router",
+                    help="probe the router (in front of a PD group) or one member taking clients itself")
     args = ap.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a terminated run still stops its fleet
 
@@ -148,19 +188,10 @@ def main() -> int:
         os.environ.setdefault("TIDEFLOW_HOME", str(Path(tmp) / "home"))
         config = TINY_CONFIG if args.tiny else DEFAULT_CONFIG
         model_dir = write_default_model(Path(tmp) / "model", config, seed=0)
-        cases = bodies(args, PromptPreparer(model_dir).max_chars)
-        engine = {"kv_cache_bytes": 64 << 20}
-        pd = InferenceGroup.model_validate({"name": "pd", "version": "v1", "model": {"path": str(model_dir)},
-                                            "roles": [{"role": "prefill", "engine": engine},
-                                                      {"role": "decode", "engine": engine}]})
-        with LocalGroupSet(GroupSetConfig(model_dir=model_dir)) as gs:
-            group = gs.up(pd)
-            if group.wait_for({GroupState.READY, GroupState.FAILED}, 600) != GroupState.READY:
-                raise SystemExit(f"group pd failed: {group.status.events[-1].message}")
-            if not wait_http_ok(gs.url + "/ready", 60):
-                raise SystemExit(f"the router at {gs.url} never had the group routable")
+        cases = bodies(args, prompt_char_limit(Tokenizer(model_dir), read_config(model_dir).context_length))
+        with serving(args, model_dir, Path(tmp)) as (url, key, what):
             for case, path, content in cases:
-                latencies, errors, answers = asyncio.run(measure(gs.url, gs.client_key, path, content, args))
+                latencies, errors, answers = asyncio.run(measure(url, key, path, content, args))
                 worst = max(latencies)
                 ok = not errors and worst * 1000 <= args.target_ms
                 got = Counter(f"{status} {code}".strip() for status, code, _ in answers)
@@ -170,8 +201,8 @@ def main() -> int:
                              f"{pct(latencies, 0.5) * 1000:.1f}", f"{pct(latencies, 0.99) * 1000:.1f}",
                              f"{worst * 1000:.1f}", "PASS" if ok else "FAIL"])
                 print(f"{case}: done{'; ' + errors[0] if errors else ''}", file=sys.stderr, flush=True)
-    print(f"host: {host()}; router: `tideflow router` defaults, 1P+1D group of the "
-          f"{'tiny' if args.tiny else 'default'} model; /health every {args.period_ms:g} ms")
+    print(f"host: {host()}; {what} of the {'tiny' if args.tiny else 'default'} model; /health every "
+          f"{args.period_ms:g} ms")
     print_table(["case", "big requests", "answers", "probes", "p50 ms", "p99 ms", "max ms",
                  f"max <= {args.target_ms:g} ms"], rows)
     for line in refusals:

@@ -193,7 +193,8 @@ class Controller:
         name = body.spec.name
         with self._lock:
             g = self.manager.groups.get(name)
-            if name in self._stoppers:
+            stopping = self._stoppers.get(name)
+            if stopping is not None and stopping.is_alive():
                 raise ControlError(409, f"group {name} is stopping; apply it again once it is gone")
             if g is not None and g.status.state not in _GONE and g.spec != body.spec:
                 raise ControlError(409, f"group {name} runs another spec ({g.spec.version}); delete it first "
@@ -233,6 +234,8 @@ class Controller:
         if stopper is not None:
             stopper.join(timeout=drain_s + 60)
         with self._lock:
+            if stopper is not None and not stopper.is_alive() and self._stoppers.get(name) is stopper:
+                del self._stoppers[name]  # stopped: an apply of the name right after is a new group, not a 409
             if self.manager.groups.get(name) is g and name not in self.store.groups():
                 self.manager.groups.pop(name, None)
 
@@ -249,8 +252,10 @@ class Controller:
             except RouterAdminError as exc:
                 raise ControlError(409, f"no weight changed: {exc}") from None
             for name, w in weights.items():
-                with self._desired_lock:
-                    self.store.put_group(desired[name].model_copy(update={"weight": w}))
+                with self._desired_lock:  # read again under the lock: a replacement may have written it since
+                    current = self.store.groups().get(name)
+                    if current is not None:
+                        self.store.put_group(current.model_copy(update={"weight": w}))
                 if name in self.manager.groups:
                     self.manager.groups[name].weight = w
             self.store.event("weights", ", ".join(f"{n} {w:g}" for n, w in sorted(weights.items())))
@@ -297,6 +302,8 @@ class Controller:
         except BackendError as exc:
             g.forget_drill_kill(member.role, member.instance, member.rank)
             raise ControlError(409, str(exc)) from None
+        if not landed:  # still running: a later fall of it would be a crash, not this drill
+            g.forget_drill_kill(member.role, member.instance, member.rank)
         where = f"{member.role}/{member.instance}/{member.rank}"
         self.store.event("kill", f"group {name}: killed {where} ({member.id}){'' if landed else ' (still running!)'}")
         return Killed(member=where, id=member.id, handle=handle.id, before=[m.id for m in members], landed=landed)
@@ -514,8 +521,9 @@ class Controller:
             self.stop_autoscaler(name, forget=stop_fleet)
         if stop_fleet:
             with self._lock:
-                for name in self.store.groups():
-                    self.store.delete_group(name)
+                with self._desired_lock:
+                    for name in self.store.groups():
+                        self.store.delete_group(name)
                 if self.manager is not None:
                     self.manager.shutdown(drain_s)
                 for t in self._stoppers.values():

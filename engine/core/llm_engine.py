@@ -359,20 +359,22 @@ class LLMEngine:
             self._wake.clear()
             if self._calls:
                 self._run_calls(open_after=True)
+            self.clock.begin()  # the whole pass is timed: a hang in scheduling or an import is a hang too
             self._drain_inbox()
             now = time.monotonic()
             plan = self.scheduler.schedule(now) if self.scheduler.has_work else None
             if plan is None or not plan.batch:
+                self.clock.end(record=False)
                 if self.lockstep:
                     self.runner.idle(self._wake)  # the peers may have work: join their step
                     continue
                 wake_at = self.scheduler.wake_at()
                 self._wake.wait(None if wake_at is None else max(0.0, wake_at - now))
                 continue
-            self.clock.begin(sum(item.num_new for item in plan.batch))
+            self.clock.size(sum(item.num_new for item in plan.batch))
             self._run(plan)
-            self.clock.end()
             self._observe(plan)
+            self.clock.end()
 
     def _drain_inbox(self) -> None:
         while self._adds:

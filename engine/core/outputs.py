@@ -60,10 +60,13 @@ class RequestStream:
     async def next(self, timeout_s: float) -> RequestOutput | None:
         """The next output, or None when none came within `timeout_s`; the stream stays usable either way (the
         queue's get gives nothing up when it is cancelled)."""
-        try:
-            out = await asyncio.wait_for(self.queue.get(), timeout_s)
-        except TimeoutError:
-            return None
+        if self.queue.empty():
+            try:
+                out = await asyncio.wait_for(self.queue.get(), timeout_s)
+            except TimeoutError:
+                return None
+        else:
+            out = self.queue.get_nowait()  # no task for an output that is already here
         if isinstance(out, Exception):
             raise out
         return out

@@ -1,5 +1,5 @@
-"""How long the engine's current step has run against how long it should: what tells a member that is busy from one
-that is stuck.
+"""How long the engine's current step (a pass of its loop: scheduling, the model step, its outputs) has run against
+how long it should: what tells a member that is busy from one that is stuck.
 
 Why: a router must tell a member that stopped producing (a hung step, a stopped process, a lost network) from one
 that is computing a long prompt, within a couple of seconds and without a timeout long enough for the slowest
@@ -25,7 +25,9 @@ DECAY = 0.95  # per step: a long step long ago stops counting after a few dozen 
 
 
 class StepClock:
-    """Written by the engine thread (begin/end around each step), read by any thread (floats: no lock)."""
+    """Written by the engine thread (begin/size/end around each pass), read by any thread (floats: no lock). A
+    lockstep rank waiting in its peers' collective is between passes: a stopped peer is the supervisor's to see
+    (its member stops answering /ready)."""
 
     def __init__(self) -> None:
         self.started: float | None = None
@@ -35,16 +37,23 @@ class StepClock:
         self.s_per_token = DEFAULT_S_PER_TOKEN
         self._learned = False
 
-    def begin(self, tokens: int) -> None:
+    def begin(self, tokens: int = 0) -> None:
+        """A pass of the engine loop starts (its step's tokens are known once it is planned: size())."""
         self.tokens = tokens
         self.started = time.monotonic()
 
-    def end(self) -> None:
+    def size(self, tokens: int) -> None:
+        self.tokens = tokens
+
+    def end(self, record: bool = True) -> None:
+        """The pass is over; `record=False` for a pass that planned nothing (its time teaches nothing)."""
         started = self.started
         if started is None:
             return
         took = time.monotonic() - started
         self.started = None
+        if not record:
+            return
         self.steps += 1
         self.recent_s = max(took, self.recent_s * DECAY)
         if self.tokens >= PREFILL_TOKENS:

@@ -194,6 +194,8 @@ class ManagedGroup:
     def _build_and_watch(self) -> str:
         """Start every member, register when all are Ready, watch; returns why the group fell."""
         self._ready_since = None
+        with self._drill_lock:
+            self._drill_targets.clear()  # a drill aims at one build: a new build's members are none of its
         t0 = time.monotonic()
         if self._adopted is not None:
             handle, self._adopted = self._adopted, None

@@ -28,10 +28,6 @@ class AttentionMetadata:
     host_context_lens: list[int]  # context_lens on the host: the prefill path reads them without a device sync
     num_decodes: int  # leading sequences with one new token each: they take the paged decode kernel in any batch
 
-    @property
-    def decode_only(self) -> bool:
-        return self.num_decodes == len(self.query_lens)
-
     @classmethod
     def build(
         cls, query_lens: list[int], context_lens: list[int], block_tables: list[list[int]], block_size: int,

@@ -34,12 +34,17 @@ from engine.router.health import HealthMonitor
 from engine.router.images import ImagePrompts
 from engine.router.metrics import RouterMetrics
 from engine.router.migration import StreamRecord, UpstreamBroke
+from engine.server.heartbeat import HEARTBEAT_HEADER
 from engine.router.registry import EndpointState, GroupState, Registry
 from engine.server.auth import CLIENT_HEADER
 from engine.server.errors import APIError, error_response
 
 
 ROUTE_POLL_S = 0.02  # how often a request waiting for a routable group looks again
+# A stall timer that fires this late fired because the router's loop was held up, not the member: the stream still
+# moves (its reader was cancelled), but the member is not ejected, so one pause of the router never takes every
+# member out of routing at once
+ROUTER_LATE_S = 0.25
 
 
 class UpstreamFailed(Exception):
@@ -70,6 +75,7 @@ class Opened:
     head: list[str] = field(default_factory=list)
     body: bytes | None = None
     endpoints: list[EndpointState] = field(default_factory=list)
+    stall_s: float | None = None  # the member beats (HEARTBEAT_HEADER): silence this long means it stopped
 
 
 class OpenRequests:
@@ -261,13 +267,15 @@ class Proxy:
                                                          "resume": resume})
                 opened = await self._post(target, "/internal/prefill", content, False, deadline, client, watched=True)
                 handoff = json.loads(opened.body)
+                if not isinstance(handoff, dict):
+                    raise ValueError("not an object")
                 if "error" in handoff:  # the engine failed after the answer had begun (its status was sent)
-                    raise UpstreamFailed(f"prefill failed: {str(handoff['error'].get('message'))[:300]}")
+                    raise UpstreamFailed(f"prefill failed: {str(handoff['error'])[:300]}")
             except UpstreamFailed as exc:
                 last = str(exc)
                 continue
             except ValueError:
-                last = "prefill answered something that is not JSON"
+                last = "prefill answered something that is not a JSON object"
                 continue
             finally:
                 target.queued_prefill_tokens -= len(prompt)
@@ -308,16 +316,19 @@ class Proxy:
                     raise UpstreamFailed(f"{url} answered {response.status_code}: {text}")
                 if response.status_code >= 400:
                     raise UpstreamRejected(response.status_code, await response.aread())
+                stall_s = self.config.stall_timeout_s if HEARTBEAT_HEADER in response.headers else None
                 if not stream:
-                    if not watched:
+                    if not (watched and stall_s):
                         return Opened(response, body=await response.aread(), endpoints=[target])
-                    parts = [chunk async for chunk in _watched(response.aiter_bytes(), self.config.stall_timeout_s)]
+                    async with asyncio.timeout(max(0.1, deadline - time.monotonic())):  # beats never end a wait
+                        parts = [chunk async for chunk in _watched(response.aiter_bytes(), stall_s)]
                     return Opened(response, body=b"".join(parts), endpoints=[target])
-                head = await self._read_head(response, deadline)
+                head = await self._read_head(response, deadline, stall_s)
                 handed_over = True
-                return Opened(response, head=head, endpoints=[target])
-            except UpstreamBroke as exc:  # a paced answer went silent: the member stopped
-                HealthMonitor.eject(target, str(exc))
+                return Opened(response, head=head, endpoints=[target], stall_s=stall_s)
+            except UpstreamBroke as exc:  # a paced answer went silent: the member stopped (unless the router was late)
+                if exc.reason == "stall":
+                    HealthMonitor.eject(target, str(exc))
                 raise UpstreamFailed(f"{url}: {exc}") from None
             except (httpx.HTTPError, asyncio.TimeoutError) as exc:
                 raise UpstreamFailed(f"{url} broke before its first event: {exc.__class__.__name__}") from None
@@ -328,13 +339,15 @@ class Proxy:
             if not handed_over:
                 target.inflight -= 1
 
-    async def _read_head(self, response: httpx.Response, deadline: float) -> list[str]:
-        """Lines up to and including the first data event, so a failure here is still retryable."""
+    async def _read_head(self, response: httpx.Response, deadline: float, stall_s: float | None) -> list[str]:
+        """Lines up to and including the first data event, so a failure here is still retryable; a member that
+        beats may go silent no longer than `stall_s`."""
         lines: list[str] = []
         iterator = sse_lines(response)
         response.extensions["tideflow_lines"] = iterator
         while True:
-            wait = min(self.config.stall_timeout_s, max(0.1, deadline - time.monotonic()))
+            wait = max(0.1, deadline - time.monotonic())
+            wait = min(stall_s, wait) if stall_s else wait
             try:
                 line = await asyncio.wait_for(iterator.__anext__(), timeout=wait)
             except StopAsyncIteration:
@@ -358,7 +371,8 @@ class Proxy:
             async with asyncio.timeout(max(0.1, deadline - time.monotonic())):
                 while True:
                     try:
-                        async for line in _watched(_lines(current), self.config.stall_timeout_s):
+                        lines = _lines(current) if current.stall_s is None else _watched(_lines(current), current.stall_s)
+                        async for line in lines:
                             event = record.take(line)
                             if event is not None:
                                 yield event
@@ -420,10 +434,12 @@ async def _watched(items: AsyncIterator, stall_s: float) -> AsyncIterator:
     stalled member)."""
     loop = asyncio.get_running_loop()
     upstream = items.__aiter__()
+    due = loop.time()
     try:
         async with asyncio.timeout(None) as silence:
             while True:
-                silence.reschedule(loop.time() + stall_s)
+                due = loop.time() + stall_s
+                silence.reschedule(due)
                 try:
                     item = await upstream.__anext__()
                 except StopAsyncIteration:
@@ -431,6 +447,9 @@ async def _watched(items: AsyncIterator, stall_s: float) -> AsyncIterator:
                 silence.reschedule(None)
                 yield item
     except TimeoutError:
+        late = loop.time() - due
+        if late > ROUTER_LATE_S:  # the router's own loop was held up (a collection, a starved CPU): the bytes may
+            raise UpstreamBroke("router_late", f"the router's event loop ran {late:.1f}s late") from None  # be there
         raise UpstreamBroke("stall", f"the upstream sent nothing for {stall_s:g}s (no event, no heartbeat)") from None
 
 

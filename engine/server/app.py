@@ -12,7 +12,7 @@ from typing import AsyncIterator
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from engine.server.heartbeat import SSE_HEARTBEAT, paced
+from engine.server.heartbeat import HEARTBEAT_HEADERS, SSE_HEARTBEAT, paced
 from engine.server.faults import FaultInjector
 from engine.core.llm_engine import LLMEngine
 from engine.core.outputs import RequestOutput, RequestStream
@@ -299,4 +299,5 @@ def _sse(engine: LLMEngine, stream: RequestStream, first: str | None, chunk, las
             if not finished:
                 engine.abort(stream.request_id)
 
-    return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+    headers = {"Cache-Control": "no-cache", **(HEARTBEAT_HEADERS if traced else {})}
+    return StreamingResponse(events(), media_type="text/event-stream", headers=headers)

@@ -17,6 +17,11 @@ from engine.core.outputs import RequestOutput, RequestStream
 HEARTBEAT_S = 0.5
 SSE_HEARTBEAT = ": live\n\n"
 JSON_HEARTBEAT = b" "
+# An answer that carries heartbeats says so in this response header (its value: HEARTBEAT_S): the router holds
+# only those to its stall timeout, so a member of an older version in a rolling upgrade is not taken for stopped
+# whenever it computes a prompt for longer than the timeout.
+HEARTBEAT_HEADER = "x-tideflow-heartbeat"
+HEARTBEAT_HEADERS = {HEARTBEAT_HEADER: str(HEARTBEAT_S)}
 
 
 async def paced(stream: RequestStream, heartbeats: bool) -> AsyncIterator[RequestOutput | None]:

@@ -22,7 +22,7 @@ from engine.core.llm_engine import LLMEngine
 from engine.core.outputs import RequestStream
 from engine.core.pd import DecodeRequest, Handoff, PrefillRequest, new_transfer_id
 from engine.server.errors import APIError
-from engine.server.heartbeat import JSON_HEARTBEAT, paced
+from engine.server.heartbeat import HEARTBEAT_HEADERS, JSON_HEARTBEAT, paced
 from engine.server.protocol import ErrorDetail, ErrorResponse
 from engine.server.auth import BearerAuth
 from engine.server.requests import check_model, check_priority, check_token_ids, params_for, parse_body
@@ -64,7 +64,7 @@ def pd_routes(engine: LLMEngine, model_name: str, transport: TransportKind, resp
         handoff = Handoff(sender, new_transfer_id())
         stream = engine.stream(body.prompt_token_ids, params, handoff=handoff, images=spliced(body), resume=body.resume,
                                client=auth.client_of(request))
-        return StreamingResponse(_handoff_json(engine, stream), media_type="application/json")
+        return StreamingResponse(_handoff_json(engine, stream), media_type="application/json", headers=HEARTBEAT_HEADERS)
 
     @routes.post("/internal/decode")
     async def decode(body: DecodeRequest, request: Request):
@@ -113,7 +113,7 @@ async def _handoff_json(engine: LLMEngine, stream: RequestStream) -> AsyncIterat
                                                           code="engine_error")).model_dump_json().encode()
                 return
     finally:
-        if not ended:  # the router went away, or the answer ended here: nothing more is computed for it
+        if not ended:  # the router went away (or the answer failed to be sent): nothing more is computed for it
             engine.abort(stream.request_id)
 
 

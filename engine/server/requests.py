@@ -23,12 +23,17 @@ def prompt_ids(tokenizer: Tokenizer, body: Body) -> list[int]:
     return tokenizer.encode(body.prompt) if isinstance(body.prompt, str) else list(body.prompt)
 
 
+def prompt_char_limit(tokenizer: Tokenizer, context_length: int) -> int:
+    """The most characters `context_length` tokens can stand for: a token stands for no more characters than
+    (twice) the vocabulary's longest entry (x2: a normalizer may compose characters, e + combining accent -> one)."""
+    return 2 * context_length * tokenizer.longest_token_chars
+
+
 def check_prompt_chars(body: Body, tokenizer: Tokenizer, context_length: int) -> None:
-    """APIError 400 naming the limit when a prompt has more characters than `context_length` tokens can stand
-    for, before anything tokenizes it: a token stands for no more characters than (twice) the vocabulary's
-    longest entry (x2: a normalizer may compose characters, e + combining accent -> one). Tokenizing a 7 MB
-    prompt only to refuse it took both cores of a 2-core member for seconds, and its other clients with them."""
-    limit = 2 * context_length * tokenizer.longest_token_chars
+    """APIError 400 naming the limit when a prompt has more characters than prompt_char_limit, before anything
+    tokenizes it: tokenizing a 7 MB prompt only to refuse it took both cores of a 2-core member for seconds, and
+    its other clients with them."""
+    limit = prompt_char_limit(tokenizer, context_length)
     chars = _prompt_chars(body)
     if chars > limit:
         raise APIError(400, f"the prompt's {chars} characters cannot fit the model's context of {context_length} "

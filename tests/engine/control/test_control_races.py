@@ -86,6 +86,7 @@ def test_a_group_deleted_while_reconcile_runs_is_stopped_once(fleet, monkeypatch
     controller.reconcile()
     assert calls == ["once"]
     assert "once" not in controller.manager.groups and "once" not in controller.store.groups()
+    serving(controller, "once")  # applied again at once after the delete returned: a new group, not a 409
 
 
 def test_a_deleted_group_that_falls_meanwhile_stays_deleted(fleet):

@@ -65,7 +65,7 @@ def test_a_mixed_step_gives_each_sequence_what_it_gets_alone_and_decodes_take_th
         pos = torch.cat([torch.arange(c, len(p)) for p, c in zip(prompts, cached)])
         meta = AttentionMetadata.build([len(p) - c for p, c in zip(prompts, cached)], [len(p) for p in prompts],
                                        tables, block)
-        assert meta.num_decodes == 2 and not meta.decode_only
+        assert meta.num_decodes == 2
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             hidden = model(ids, pos, kv, meta)
         last = torch.tensor(list(itertools.accumulate(len(p) - c for p, c in zip(prompts, cached)))) - 1

@@ -19,6 +19,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from engine.server.heartbeat import HEARTBEAT_HEADER
 from engine.router.app import create_router_app
 from engine.router.config import RouterConfig
 from engine.server.inproc import serve_in_thread
@@ -46,6 +47,9 @@ def misbehaving_upstream() -> FastAPI:
             return StreamingResponse(_separators(), media_type="text/event-stream")
         if body.get("prompt") == "late":
             return StreamingResponse(_late(), media_type="text/event-stream")
+        if body.get("prompt") in ("pause", "pause-beating"):  # one event, 2 s of silence, the last event
+            beats = {HEARTBEAT_HEADER: "0.5"} if body["prompt"] == "pause-beating" else {}
+            return StreamingResponse(_pausing(), media_type="text/event-stream", headers=beats)
 
         async def nothing():  # 200, then the stream ends before its first event
             if False:
@@ -102,6 +106,13 @@ async def _late():
         yield "data: [DONE]\n\n"
     finally:
         LATE["closed"] = True
+
+
+async def _pausing():
+    yield _event("a", [5], prompt=[1, 2])
+    await asyncio.sleep(2.0)
+    yield _event("b", [6], "length")
+    yield "data: [DONE]\n\n"
 
 
 SEPARATORS = "a\u2028b\x85c\x1cd\u2029e\x0bf\x0cg"  # str.splitlines breaks at each; SSE at none
@@ -299,3 +310,25 @@ def test_fuzzed_router_api_never_gets_a_server_error(router, label):
     for name in names:  # whatever the fuzzer registered goes; the fixture's group stays
         if name != "bad":
             admin.delete(f"/admin/groups/{name}")
+
+
+def test_a_member_that_does_not_beat_is_not_held_to_the_stall_timeout(router):
+    """A member of an older version sends no heartbeats (no HEARTBEAT_HEADER): 2 s of silence mid-answer (a long
+    step) is waited for, not taken for a stopped member, in a rolling upgrade."""
+    url, admin = router
+    before = len(RESUMED)
+    with httpx.Client(base_url=url, headers={"authorization": "Bearer late-key"}, trust_env=False, timeout=30) as c:
+        r = c.post("/v1/completions", json={"model": "default", "prompt": "pause", "max_tokens": 2})
+    assert r.status_code == 200 and r.json()["choices"][0]["text"] == "ab", r.text
+    assert len(RESUMED) == before
+
+
+def test_a_member_that_beats_and_goes_silent_is_left_and_the_answer_moves(router):
+    """The same silence from a member that said it beats: after the stall timeout (1.5 s) the request moves on
+    (/internal/resume carries what the client got) and the answer ends with the resumed part."""
+    url, admin = router
+    before = len(RESUMED)
+    with httpx.Client(base_url=url, headers={"authorization": "Bearer late-key"}, trust_env=False, timeout=30) as c:
+        r = c.post("/v1/completions", json={"model": "default", "prompt": "pause-beating", "max_tokens": 2})
+    assert r.status_code == 200 and r.json()["choices"][0]["text"] == "ab", r.text
+    assert len(RESUMED) == before + 1 and RESUMED[-1]["resume"]["output_token_ids"] == [5]
