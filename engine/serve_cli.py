@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import sys
 from pathlib import Path
@@ -160,6 +161,10 @@ def serve(args: argparse.Namespace) -> int:
     app = create_app(engine, config.model_name, keys, transport=None if args.role == "colocated" else args.kv_transport,
                      faults=faults, standby=args.standby, host=args.host, max_body_bytes=args.max_body_bytes,
                      body_timeout_s=limits.body_timeout_s)
+    # The model, tokenizer and modules live as long as the process: frozen out of the collector's sight, as in
+    # the router, so a collection set off by one large body's objects does not scan them with the GIL held
+    gc.collect()
+    gc.freeze()
     run_server(app, limits, host=args.host, port=args.port, log_level="warning", timeout_keep_alive=MEMBER_KEEP_ALIVE_S)
     return 0
 

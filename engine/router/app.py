@@ -22,7 +22,7 @@ from engine.http import bearer_async_client
 from engine.router.config import RouterConfig
 from engine.router.health import HealthMonitor
 from engine.router.metrics import RouterMetrics
-from engine.router.cpu_pool import INLINE_BYTES, CpuPool
+from engine.server.cpu_pool import INLINE_BYTES, CpuPool
 from engine.router.prompt import PromptPreparer
 from engine.router.proxy import Proxy
 from engine.router.ratelimit import RateLimiter

@@ -29,7 +29,7 @@ from engine.core.kv_cache import block_hash
 from engine.core.resume import TRACE_HEADER
 from engine.router.balancer import DecodeBalancer, LeastQueuedBalancer, PrefillBalancer
 from engine.router.config import RouterConfig
-from engine.router.cpu_pool import CpuPool
+from engine.server.cpu_pool import CpuPool
 from engine.router.health import HealthMonitor
 from engine.router.images import ImagePrompts
 from engine.router.metrics import RouterMetrics

@@ -23,7 +23,7 @@ import engine.router.prompt as prompt_module
 import engine.router.proxy as proxy_module
 from engine.router.app import create_router_app
 from engine.router.config import RouterConfig
-from engine.router.cpu_pool import CpuPool
+from engine.server.cpu_pool import CpuPool
 from engine.server.auth import CLIENT_HEADER, key_digest
 from engine.server.errors import APIError
 from engine.server.inproc import serve_in_thread

@@ -1,5 +1,6 @@
-"""Where the router's CPU-bound work runs: parsing large bodies, tokenizing, templating, hashing and
-serializing prompts. Never on the event loop, which must answer every client and /health at once.
+"""Where a server's CPU-bound request work runs: the router's parsing of large bodies, tokenizing, templating,
+hashing and serializing of prompts; a member's templating and tokenizing. Never on the event loop, which must
+answer every client and /health at once, and never on more threads than a few.
 
 A few threads, admitted by a semaphore, with a bounded number of jobs waiting: past it the client gets
 a 503 at once rather than a queue that grows with whoever sends the largest prompts. Threads still share
@@ -21,9 +22,9 @@ INLINE_BYTES = 64 << 10  # a body below this parses in well under a millisecond:
 
 
 class CpuPool:
-    def __init__(self, workers: int, max_waiting: int) -> None:
-        self.workers, self.max_waiting = workers, max_waiting
-        self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="router-cpu")
+    def __init__(self, workers: int, max_waiting: int, name: str = "router") -> None:
+        self.workers, self.max_waiting, self.name = workers, max_waiting, name
+        self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"{name}-cpu")
         self._slots: asyncio.Semaphore | None = None  # made on the loop that uses it
         self._waiting = 0
 
@@ -32,8 +33,8 @@ class CpuPool:
         if self._slots is None:
             self._slots = asyncio.Semaphore(self.workers)
         if self._waiting >= self.max_waiting:
-            raise APIError(503, f"the router is busy preparing {self._waiting} large prompts; retry shortly",
-                           code="router_busy")
+            raise APIError(503, f"the {self.name} is busy preparing {self._waiting} large prompts; retry shortly",
+                           code=f"{self.name}_busy")
         self._waiting += 1
         try:
             async with self._slots:
