@@ -14,14 +14,17 @@ class EngineError(TideflowError):
 
     status = 400
     param: str | None = None
+    code = "engine_refused"  # OpenAI-style, snake_case: what a client's code matches on
 
 
 class PromptTooLong(EngineError):
     param = "prompt"
+    code = "context_length_exceeded"  # as the size check before tokenizing says it (engine/server/requests.py)
 
 
 class QueueFull(EngineError):
     status = 429
+    code = "queue_full"
 
 
 def check_request(prompt_tokens: list[int], params: SamplingParams, max_model_len: int,

@@ -30,7 +30,7 @@ class EngineKnobs(BaseModel):
         description="an arrival with no other in the last this many ms departs without waiting out the shuttle window "
         "(nobody is likely to join it); arrivals closer together still gather; 0: every window waits max_wait_ms",
     )
-    max_queue: int = Field(256, ge=0, description="requests allowed to wait for admission; beyond it requests get 429")
+    max_queue: int = Field(256, ge=0, description="requests allowed to wait for admission; beyond it requests get 429 (`queue_full`)")
     max_client_tokens: int | None = Field(
         None, ge=0, description="most tokens (prompt + max_tokens of its unfinished requests) one client (API key) may "
                                 "have open in this engine; beyond it its requests get 429 (a client holding nothing, "

@@ -50,6 +50,7 @@ CONNECT_TIMEOUT_S = 1800.0  # the core loads the model and builds its ops before
 
 class CoreGone(EngineError):
     status = 503
+    code = "engine_core_gone"
 
 
 @dataclass(eq=False)

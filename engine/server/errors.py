@@ -97,7 +97,7 @@ def install_error_handlers(app: FastAPI, on_error=None) -> None:
 
     @app.exception_handler(EngineError)
     async def _engine(request: Request, exc: EngineError) -> JSONResponse:
-        return answer(exc.status, str(exc), exc.param, type(exc).__name__)
+        return answer(exc.status, str(exc), exc.param, exc.code)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:

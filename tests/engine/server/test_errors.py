@@ -138,3 +138,12 @@ def test_queue_full_is_429_and_disconnects_cancel(tiny_model_dir):
             c.post("/v1/completions", json=long, timeout=httpx.Timeout(30, read=0.5))
         assert wait_until(lambda: engine.num_running == 0 and engine.allocator.num_used == 0)
         assert s.counter("tideflow_requests_total", status="aborted") == 3
+
+
+def test_engine_refusals_carry_openai_style_codes(server):
+    """An engine refusal's code used to be its Python class name ("PromptTooLong"); clients match snake_case codes,
+    and the same refusal from the size check before tokenizing says context_length_exceeded."""
+    with server.client() as c:
+        r = c.post("/v1/completions", json={"model": MODEL, "prompt": list(range(3, 300)), "max_tokens": 4000})
+    error = assert_error(r, 400, "prompt")
+    assert error["code"] == "context_length_exceeded", error
