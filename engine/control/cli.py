@@ -20,6 +20,9 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
     c.add_argument("--host", default="127.0.0.1", help="bind address of the API, the router and the members")
     c.add_argument("--port", type=int, default=0, help="control API port (default: the last one, else any free)")
     c.add_argument("--router-port", type=int, default=0, help="router port (default: the last one, else any free)")
+    c.add_argument("--router-replicas", type=int, default=2,
+                   help="local: router processes sharing the router port (SO_REUSEPORT); one that dies is started "
+                        "again and the others serve meanwhile")
     c.add_argument("--model-dir", type=Path, default=None,
                    help="router tokenizer / default checkpoint (default: $TIDEFLOW_HOME/models/default, written if missing)")
     c.add_argument("--model-name", default="default", help="model id clients ask the router for")
@@ -69,7 +72,7 @@ def _controller(args: argparse.Namespace) -> int:
         write_default_model(model_dir)
     chosen = {k: v for k, v in (("backend", args.backend), ("namespace", args.namespace)) if v}
     config = ControllerConfig(model_dir=model_dir, model_name=args.model_name, host=args.host, port=args.port,
-                              router_port=args.router_port, image=args.image, router_url=args.router_url,
+                              router_port=args.router_port, router_replicas=args.router_replicas, image=args.image, router_url=args.router_url,
                               capacity_check=CapacityCheck(enabled=args.capacity_check), **chosen)
     if config.backend == "kubernetes" and not config.port:
         raise TideflowError("--port is needed on kubernetes: the router Deployment reaches the controller's Service there")
@@ -141,13 +144,22 @@ def _status(args: argparse.Namespace) -> int:
     if args.json:
         print(status.model_dump_json(indent=2))
         return 0
-    print(f"router: {status.router_url}/v1   controller pid {status.controller_pid}   "
+    pids = ", ".join(map(str, status.router_pids)) or "-"
+    print(f"router: {status.router_url}/v1 (pids {pids})   controller pid {status.controller_pid}   "
           f"router replicas watching: {len(status.router_replicas)}")
     if not status.groups:
         print("no groups")
     for g in status.groups:
         drills = f" (+{g.drill_rebuilds} drill)" if g.drill_rebuilds else ""
         print(f"{g.name:24} {g.version:8} {g.state.value:9} weight {g.weight:<6g} restarts {g.restarts}{drills}  {g.message}")
+        if g.desired is not None and (g.desired.standby != g.standby or g.desired.weight != g.weight):
+            print(f"    desired: {'standby' if g.desired.standby else 'serving'} at weight {g.desired.weight:g}")
+        if g.decision is not None:
+            print(f"    controller: {'standby' if g.decision.standby else 'serving'} at weight {g.decision.weight:g}: "
+                  f"{g.decision.reason}")
+        for c in g.conditions:
+            if not c.healthy:
+                print(f"    {c.type}={c.status} {c.reason} since {c.last_transition_time}: {c.message}")
         for m in g.members:
             print(f"    {m.role:9} {m.instance}/{m.rank}  {m.phase:8} pid {m.pid}  {m.endpoint}")
     return 0

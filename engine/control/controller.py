@@ -1,8 +1,10 @@
 """The controller: owns the router, the groups and the warm pools of a fleet, outlives every flow run.
 
 Desired state (specs, weights, serving/standby, pools, autoscalers, the last canary) is durable in
-the runtime's store (SQLite here, a ConfigMap on Kubernetes); observed state is read from the
-members each time; a reconcile loop closes the gap. The data path (client -> router -> members)
+the runtime's store (SQLite here, a ConfigMap on Kubernetes) and written only by user verbs; the
+controller's own decisions (a warm replacement's swap) are kept beside it as GroupDecisions; observed
+state is read from the members each time; a reconcile loop closes the gap every pass (existence,
+weight and serving/standby) and records each group's conditions. The data path (client -> router -> members)
 never passes through the controller: routers keep the last route set they watched, so killing the
 controller stops no request, and a restarted one adopts what runs (engine/control/runtime.py).
 """
@@ -13,19 +15,22 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
+from engine.control.conditions import ConditionBook, observe
 from engine.control.metrics import CanaryGauge, ControllerMetrics, FleetSnapshot
 from engine.control.models import (ApplyGroup, AutoscalerBody, AutoscalerView, CanaryRecord, FleetStatus, GroupView,
-                                   Killed, KillMember, Lease, LeaseRequest, MemberView, ScalePool, WeightsSet)
+                                   DesiredView, Killed, KillMember, Lease, LeaseRequest, MemberView, ScalePool,
+                                   WeightsSet)
 from engine.control.routes import RouteTable
 from engine.control.local_runtime import LocalRuntime
 from engine.control.runtime import ControllerConfig, Runtime
-from engine.control.store import DesiredGroup
+from engine.control.store import DesiredGroup, GroupDecision, effective
 from engine.group.backend import BackendError
 from engine.group.manager import GroupManager, GroupState, ManagedGroup
 from engine.group.spec import InferenceGroup
 from engine.http import bearer_client
-from engine.paths import home
 from engine.router.admin import RouterAdminError, scrape_members
 from engine.scaling.autoscaler import Autoscaler, AutoscalerStopped
 from engine.scaling.observe import SetObserver
@@ -36,6 +41,8 @@ from engine.transfer.shm import reap_orphan_segments
 log = logging.getLogger(__name__)
 
 _GONE = (GroupState.STOPPED, GroupState.FAILED)
+_SETTLED = (GroupState.READY, GroupState.STANDBY)
+CONVERGE_RETRY_MAX_S = 60.0  # a park or activation that failed is tried again after 1 s, doubling up to this
 DEFAULT_SERVING_WEIGHT = 100.0  # per unit of capacity, the scale the release puts its groups on
 
 
@@ -68,6 +75,12 @@ class Controller:
         self._retries: dict[str, tuple[int, float]] = {}  # Failed but desired: (retries so far, next try at)
         self._stop = threading.Event()
         self._stoppers: dict[str, threading.Thread] = {}
+        # who is switching a group between serving and standby now (a verb, a replacement, or reconcile's own
+        # converge thread): reconcile leaves such a group alone until it is done
+        self._acting: dict[str, threading.Thread] = {}
+        self._acting_lock = threading.Lock()
+        self._converge_failed: dict[str, tuple[str, float, float]] = {}  # name: (error, retry at, pause)
+        self.conditions = ConditionBook()
         self.pools: dict[str, WarmPool] = {}
         self.autoscalers: dict[str, tuple[Autoscaler, SetObserver]] = {}
         self.manager: GroupManager | None = None
@@ -82,7 +95,7 @@ class Controller:
     # -- start: adopt what runs, start what is missing ------------------------------------------
     def start(self) -> "Controller":
         self.runtime.ensure_router()
-        self.manager = GroupManager(self.backend, self.routes, self.config.policy, home() / "groups",
+        self.manager = GroupManager(self.backend, self.routes, self.config.policy,
                                     member_key=self._member_key, on_fall=self._replace)
         self._adopted = self.runtime.adopt(self.manager)
         for name, body in self.store.autoscalers().items():
@@ -118,26 +131,105 @@ class Controller:
         with self._lock:
             self.runtime.ensure_router()
             desired = self.store.groups()
+            decisions = self.store.decisions()
             managed = self.manager.groups
-            for name, want in desired.items():
+            for name, spec_want in desired.items():
+                want = effective(spec_want, decisions.get(name))
                 g = managed.get(name)
                 if name in self._stoppers:
                     continue
                 if g is None or g.status.state == GroupState.STOPPED:
-                    self.manager.up(want.spec, standby=want.standby, weight=want.weight)
+                    g = self.manager.up(want.spec, standby=want.standby, weight=want.weight)
                 elif g.status.state == GroupState.FAILED:
                     self._retry_failed(g, want)
-                elif g.status.state in (GroupState.READY, GroupState.STANDBY):
+                elif g.status.state in _SETTLED:
                     self._retries.pop(name, None)
+                    self._converge(g, want)
+                self._observe(name, want)
             for name, g in list(managed.items()):
                 if name in desired or name in self._stoppers:
                     continue
                 if g.status.state in _GONE:
                     managed.pop(name, None)  # deleted and stopped: status no longer lists it
+                    self.conditions.forget(name)
+                    self._converge_failed.pop(name, None)
                 else:
                     self._stop_in_background(g)
             self._stoppers = {n: t for n, t in self._stoppers.items() if t.is_alive()}
         reap_orphan_segments()  # KV segments of members that died mid-transfer
+
+    def _converge(self, g: ManagedGroup, want: DesiredGroup) -> None:
+        """Bring a settled group's weight and serving/standby to what is wanted (caller holds the lock): a park
+        or activation that failed (a member that would not drain) is tried again on later passes, after a pause
+        that doubles up to CONVERGE_RETRY_MAX_S, and shows meanwhile as Converged=False with its error. A park
+        runs on a thread of its own (it drains); a group someone else is switching is left alone."""
+        name = g.spec.name
+        if self._busy(name):
+            return
+        if g.weight != want.weight:
+            g.weight = want.weight
+            if g.status.state == GroupState.READY:
+                try:
+                    self.routes.set_weights({name: want.weight})
+                except RouterAdminError as exc:  # not registered yet: its registration carries g.weight
+                    log.info("group %s: weight %g not routed yet (%s)", name, want.weight, exc)
+        if want.standby == (g.status.state == GroupState.STANDBY):
+            self._converge_failed.pop(name, None)
+            return
+        _, retry_at, pause = self._converge_failed.get(name, ("", 0.0, 0.0))
+        if time.monotonic() < retry_at:
+            return
+        verb = "park" if want.standby else "activate"
+        switch: Callable[[], float] = g.park if want.standby else g.activate
+
+        def run() -> None:
+            try:
+                took = switch()
+            except BackendError as exc:
+                wait = min(max(2 * pause, 1.0), CONVERGE_RETRY_MAX_S)
+                self._converge_failed[name] = (f"{verb} failed: {exc}", time.monotonic() + wait, wait)
+                self.store.event("converge", f"group {name}: {verb} failed ({exc}); trying again in {wait:g}s")
+                return
+            finally:
+                self._release(name)
+            self._converge_failed.pop(name, None)
+            done = "parked" if want.standby else "activated"
+            self.store.event("converge", f"group {name}: {done} to match desired state ({took:.2f}s)")
+
+        t = threading.Thread(target=run, name=f"converge-{name}", daemon=True)
+        with self._acting_lock:
+            self._acting[name] = t
+        t.start()
+
+    def _busy(self, name: str) -> bool:
+        with self._acting_lock:
+            return name in self._acting
+
+    @contextmanager
+    def _acting_on(self, name: str) -> Iterator[None]:
+        """This thread switches `name` between serving and standby: reconcile keeps off it meanwhile."""
+        with self._acting_lock:
+            self._acting[name] = threading.current_thread()
+        try:
+            yield
+        finally:
+            self._release(name)
+
+    def _release(self, name: str) -> None:
+        with self._acting_lock:
+            if self._acting.get(name) is threading.current_thread():
+                del self._acting[name]
+
+    def _observe(self, name: str, want: DesiredGroup) -> None:
+        """Record the group's conditions for this pass (caller holds the lock)."""
+        g = self.manager.groups.get(name)
+        if g is None:
+            return
+        _, at = self._retries.get(name, (0, None))
+        failed = self._converge_failed.get(name)
+        self.conditions.record(name, observe(g.status, want, g.weight, g.status.state == GroupState.STANDBY,
+                                             None if at is None else max(0.0, at - time.monotonic()),
+                                             failed[0] if failed else None))
 
     def _retry_failed(self, g: ManagedGroup, want: DesiredGroup) -> None:
         """A group that gave up (Failed) but is still desired is built again, after the policy's backoff_max_s,
@@ -166,14 +258,15 @@ class Controller:
         for g in list(self.manager.groups.values()):
             if g is fallen or g.status.state != GroupState.STANDBY or _shape(g.spec) != same:
                 continue
-            g.weight = fallen.weight
-            try:
-                took = g.activate()
-            except BackendError:
-                continue  # taken by another replacement, or it fell too: try the next one
-            fallen.standby = True  # rebuilt silent: it refills the pool
-            self._sync_desired(g)
-            self._sync_desired(fallen)
+            with self._acting_on(g.spec.name):
+                g.weight = fallen.weight
+                try:
+                    took = g.activate()
+                except BackendError:
+                    continue  # taken by another replacement, or it fell too: try the next one
+                fallen.standby = True  # rebuilt silent: it refills the pool
+                self._decide(g, f"serves in place of {fallen.spec.name}, which fell ({why})")
+                self._decide(fallen, f"fell ({why}); rebuilt into the warm pool, {g.spec.name} serves in its place")
             self.metrics.activation.labels("replacement").observe(took)
             self.store.event("replace", f"{fallen.spec.name} fell ({why}); standby {g.spec.name} serves "
                                         f"(activated in {took * 1000:.0f} ms); {fallen.spec.name} is rebuilt into the pool")
@@ -201,6 +294,7 @@ class Controller:
                                         "or apply under a new name (a canary)")
             with self._desired_lock:
                 self.store.put_group(DesiredGroup(spec=body.spec, weight=body.weight, standby=body.standby))
+                self.store.put_decision(name, None)  # the user's whole word on the group: it supersedes any decision
             self._retries.pop(name, None)
             self.store.event("apply", f"group {name} {body.spec.version} weight {body.weight:g}"
                                       f"{' standby' if body.standby else ''}")
@@ -211,10 +305,18 @@ class Controller:
                 g.weight = body.weight
                 if g.status.state == GroupState.READY:
                     self.routes.set_weights({name: body.weight})
-        if body.standby and g.status.state == GroupState.READY:
-            self.park(name)
-        elif not body.standby and g.status.state == GroupState.STANDBY:
-            self.activate(name)
+            # switched here, claimed before the lock is let go (else a reconcile pass would start the same switch);
+            # when a converge thread already switches it, that thread does this apply's work
+            switch = body.standby == (g.status.state == GroupState.READY) and g.status.state in _SETTLED
+            with self._acting_lock:
+                switch = switch and name not in self._acting
+                if switch:
+                    self._acting[name] = threading.current_thread()
+        if switch:
+            try:
+                self._switch(g, body.standby)
+            finally:
+                self._release(name)
         return self.view(name)
 
     def delete(self, name: str, drain_s: float = 10.0) -> None:
@@ -252,10 +354,13 @@ class Controller:
             except RouterAdminError as exc:
                 raise ControlError(409, f"no weight changed: {exc}") from None
             for name, w in weights.items():
-                with self._desired_lock:  # read again under the lock: a replacement may have written it since
+                with self._desired_lock:  # read again under the lock: a replacement may have decided since
                     current = self.store.groups().get(name)
                     if current is not None:
                         self.store.put_group(current.model_copy(update={"weight": w}))
+                    decision = self.store.decisions().get(name)
+                    if decision is not None:  # the user's weight holds whoever decided serving or standby
+                        self.store.put_decision(name, decision.model_copy(update={"weight": w}))
                 if name in self.manager.groups:
                     self.manager.groups[name].weight = w
             self.store.event("weights", ", ".join(f"{n} {w:g}" for n, w in sorted(weights.items())))
@@ -263,23 +368,23 @@ class Controller:
 
     def activate(self, name: str) -> float:
         g = self._group(name)
-        try:
-            took = g.activate()
-        except BackendError as exc:
-            raise ControlError(409, str(exc)) from None
-        self.metrics.activation.labels("api").observe(took)
-        with self._lock:
-            self._sync_desired(g)
-        return took
+        with self._acting_on(name):
+            return self._switch(g, standby=False)
 
     def park(self, name: str, drain_s: float = 30.0) -> float:
         g = self._group(name)
+        with self._acting_on(name):
+            return self._switch(g, standby=True, drain_s=drain_s)
+
+    def _switch(self, g: ManagedGroup, standby: bool, drain_s: float = 30.0) -> float:
+        """A user's park or activation (the caller has claimed the group), written as the spec once done."""
         try:
-            took = g.park(drain_s)
+            took = g.park(drain_s) if standby else g.activate()
         except BackendError as exc:
             raise ControlError(409, str(exc)) from None
-        with self._lock:
-            self._sync_desired(g)
+        if not standby:
+            self.metrics.activation.labels("api").observe(took)
+        self._user_switched(g)
         return took
 
     def kill_member(self, name: str, body: KillMember) -> Killed:
@@ -309,7 +414,7 @@ class Controller:
         return Killed(member=where, id=member.id, handle=handle.id, before=[m.id for m in members], landed=landed)
 
     def kill_router(self) -> Killed:
-        """Kill the router (a fault drill); the next reconcile pass starts a new one on the same port."""
+        """Kill one router replica (a fault drill); the next reconcile pass starts it again on the same port."""
         with self._lock:  # not while a reconcile pass checks or restarts it
             try:
                 what, landed = self.runtime.kill_router()
@@ -357,6 +462,7 @@ class Controller:
                     self.store.delete_group(g.spec.name)
                 else:
                     self.store.put_group(DesiredGroup(spec=g.spec, weight=g.weight, standby=g.standby))
+                    self.store.put_decision(g.spec.name, None)
         if result.changed:
             self.store.event("scale", f"pool {pool.template.name} -> {result.target}: serving {result.serving}, "
                                       f"standby {result.standby}, activated {result.activated}, parked {result.parked}, "
@@ -408,13 +514,24 @@ class Controller:
         return AutoscalerView(name=name, policy=scaler.policy, decisions=sum(1 for e in events if e.result is not None),
                               last=[e.model_dump(mode="json") for e in events[-20:]])
 
-    def _sync_desired(self, g: ManagedGroup) -> None:
-        """Write a group's weight and standby back to its desired state, if it is still desired: a group deleted
-        meanwhile (a replacement ran on its supervisor thread while it was being deleted) stays deleted."""
+    def _decide(self, g: ManagedGroup, reason: str) -> None:
+        """Keep the controller's own decision on `g` (as it now runs) beside its spec, if it is still desired: a
+        group deleted meanwhile (a replacement ran on its supervisor thread while it was being deleted) stays
+        deleted, and the spec stays what the user wrote."""
+        with self._desired_lock:
+            desired = self.store.groups().get(g.spec.name)
+            if desired is not None and desired.spec == g.spec:
+                self.store.put_decision(g.spec.name, GroupDecision(standby=g.standby, weight=g.weight, reason=reason,
+                                                                   at=time.time()))
+
+    def _user_switched(self, g: ManagedGroup) -> None:
+        """A user's activate or park: the spec now says the group runs as it does, and any decision of the
+        controller's over it is superseded."""
         with self._desired_lock:
             desired = self.store.groups().get(g.spec.name)
             if desired is not None and desired.spec == g.spec:
                 self.store.put_group(desired.model_copy(update={"weight": g.weight, "standby": g.standby}))
+                self.store.put_decision(g.spec.name, None)
 
     def _group(self, name: str) -> ManagedGroup:
         g = self.manager.groups.get(name)
@@ -439,16 +556,20 @@ class Controller:
             members.append(MemberView(role=m.role, instance=m.instance, rank=m.rank, endpoint=m.endpoint,
                                       phase=m.phase.value, pid=ident.pid if ident else None,
                                       id=ident.id if ident else None))
+        want = self.store.groups().get(name)
         return GroupView(name=s.name, version=s.version, state=s.state, weight=g.weight, standby=g.standby,
                          restarts=s.restarts, drill_rebuilds=s.drill_rebuilds, handle=s.handle.id if s.handle else None,
                          message=s.events[-1].message if s.events else "", last_activation_s=s.last_activation_s,
-                         members=members, spec=g.spec)
+                         members=members, spec=g.spec,
+                         desired=DesiredView(weight=want.weight, standby=want.standby) if want is not None else None,
+                         decision=self.store.decisions().get(name) if want is not None else None,
+                         conditions=self.conditions.of(name))
 
     def status(self) -> FleetStatus:
         with self._lock:
             names = sorted(self.manager.groups)
         canary = self.store.canary()
-        return FleetStatus(router_url=self.router_url, router_pid=self.runtime.router_pid(), backend=self.config.backend,
+        return FleetStatus(router_url=self.router_url, router_pids=self.runtime.router_pids(), backend=self.config.backend,
                            router_replicas=self.routes.replicas(), controller_pid=os.getpid(), groups=[self.view(n) for n in names],
                            canary=CanaryRecord.model_validate_json(canary) if canary else None, lease=self.lease())
 

@@ -15,6 +15,7 @@ from kubernetes import client
 
 from engine.control.kube_store import KubeStore
 from engine.control.runtime import ControllerConfig, Runtime
+from engine.control.store import effective_groups
 from engine.group.backend import BackendError, GroupHandle
 from engine.group.k8s.backend import KubernetesBackend, api_client
 from engine.group.manager import GroupManager
@@ -35,8 +36,8 @@ class KubernetesRuntime(Runtime):
     def ensure_router(self) -> None:
         """Nothing to do: the router Deployment is Kubernetes' to keep running."""
 
-    def router_pid(self) -> int | None:
-        return None
+    def router_pids(self) -> list[int]:
+        return []
 
     def kill_router(self) -> tuple[str, bool]:
         raise BackendError("on Kubernetes the router is a Deployment of its own: drill it by deleting one of its "
@@ -45,7 +46,7 @@ class KubernetesRuntime(Runtime):
     def adopt(self, manager: GroupManager | None) -> list[str]:
         """Delete the groups nobody wants any more; re-apply the desired ones (their running pods are left
         as they are, and the group is Ready as soon as its pods are)."""
-        desired = self.store.groups()
+        desired = effective_groups(self.store)
         for name in sorted(self.backend.running_groups() - set(desired)):
             self.backend.delete(self._handle(name))
             self.store.event("reap", f"deleted group {name}: running, but not desired")

@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from engine.control.store import DesiredGroup, Event
+from engine.control.store import DesiredGroup, Event, GroupDecision
 from engine.errors import TideflowError
 from engine.group.k8s.manifests import KEYS_SECRET
 
@@ -97,10 +97,20 @@ class KubeStore:
         self._write({f"group.{desired.spec.name}": desired.model_dump_json()})
 
     def delete_group(self, name: str) -> bool:
+        self._remove(f"decision.{name}")
         return self._remove(f"group.{name}")
 
     def groups(self) -> dict[str, DesiredGroup]:
         return {name: DesiredGroup.model_validate_json(v) for name, v in self._prefixed("group.").items()}
+
+    def put_decision(self, name: str, decision: GroupDecision | None) -> None:
+        if decision is None:
+            self._remove(f"decision.{name}")
+        else:
+            self._write({f"decision.{name}": decision.model_dump_json()})
+
+    def decisions(self) -> dict[str, GroupDecision]:
+        return {name: GroupDecision.model_validate_json(v) for name, v in self._prefixed("decision.").items()}
 
     # -- autoscaler policies and the last canary ---------------------------------------------------------
     def put_autoscaler(self, name: str, body_json: str) -> None:

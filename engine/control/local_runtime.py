@@ -1,4 +1,4 @@
-"""The local runtime: members and the router are processes on this machine, desired state is SQLite.
+"""The local runtime: members and the router replicas are processes on this machine, desired state is SQLite.
 
 Processes run in sessions of their own, so killing the controller stops no request; the process
 ledger (pid + start time + port) lets a restarted controller re-adopt them instead of starting
@@ -7,20 +7,19 @@ duplicates, and what it cannot adopt it stops and rebuilds whole.
 
 from __future__ import annotations
 
-import signal
 import time
 
 from collections import defaultdict
 from pathlib import Path
 
+from engine.control.router_replicas import RouterReplicas, RouterSettings, stop_recorded_routers
 from engine.control.runtime import ControllerConfig, Runtime
-from engine.control.store import RouterRecord, Store
+from engine.control.store import Store, effective_groups
 from engine.group.backend import BackendError
 from engine.group.local import LocalProcessBackend, MemberRecord
 from engine.group.manager import GroupManager
 from engine.paths import home
-from engine.process import (Adopted, Child, adopt, free_port, loopback_members, port_free, start_service, tideflow_argv,
-                            wait_http_ok)
+from engine.process import adopt, free_port, port_free
 from engine.router.app import ADMIN_KEYS_ENV, UPSTREAM_KEY_ENV
 from engine.router.sync import ROUTES_KEY_ENV
 
@@ -36,59 +35,27 @@ class LocalRuntime(Runtime):
         self.backend = LocalProcessBackend(config.model_dir, self.store.secret("member"), config.model_name,
                                            home() / "logs", config.host, ledger=self.store,
                                            capacity=config.capacity_check)
-        self.router: Child | Adopted | None = None
-        self.router_url = ""
+        self.routers = RouterReplicas(RouterSettings(
+            host=config.host, port=config.router_port, replicas=config.router_replicas, model_name=config.model_name,
+            model_dir=config.model_dir, controller_url=self.url, args=config.router_args, env=router_env(self.store)),
+            self.store)
+
+    @property
+    def router_url(self) -> str:  # type: ignore[override]
+        return self.routers.url
 
     def ensure_router(self) -> None:
-        if self.router is not None:
-            if self.router.alive():
-                return
-            self.store.event("router", "router process gone; starting a new one")
-            self.router.stop()  # reap it
-        self.router = None
-        self._adopt_or_start_router()
+        self.routers.ensure()
 
-    def _adopt_or_start_router(self) -> None:
-        """Adopt the recorded router when it is the same live process, watches this controller and answers;
-        else start one. Either way it serves the route set it gets from this controller."""
-        rec = self.store.router()
-        if rec is not None:
-            proc = adopt("router", rec.pid, rec.ticks, Path(rec.log_path))
-            url = f"http://{self.config.host}:{rec.port}"
-            if proc is not None and rec.controller_url == self.url and wait_http_ok(url + "/health", timeout_s=5):
-                self.router, self.router_url = proc, url
-                self.store.event("router", f"adopted router pid {rec.pid} on {url}")
-                return
-            if proc is not None:
-                proc.stop()
-        port = self.config.router_port or (rec.port if rec is not None else 0) or free_port(self.config.host)
-        url = f"http://{self.config.host}:{port}"
-        argv = tideflow_argv("router", "--host", self.config.host, "--port", str(port), "--model-name",
-                             self.config.model_name, "--model-dir", str(self.config.model_dir),
-                             "--controller-url", self.url, *loopback_members(self.config.host), *self.config.router_args)
-        child = start_service(f"router-{port}", argv, home() / "logs" / f"router-{port}.log", url + "/health", 60,
-                              router_env(self.store))
-        self.store.set_router(RouterRecord(pid=child.pid, ticks=child.start_ticks, port=port,
-                                           log_path=str(child.log_path), controller_url=self.url))
-        self.router, self.router_url = child, url
-        self.store.event("router", f"started router pid {child.pid} on {url}")
+    def router_pids(self) -> list[int]:
+        return self.routers.pids()
 
-    def router_pid(self) -> int | None:
-        return self.router.pid if self.router is not None else None
-
-    def kill_router(self, confirm_s: float = 10.0) -> tuple[str, bool]:
-        router = self.router
-        if router is None:
-            raise BackendError("no router runs: nothing to kill")
-        router.kill(signal.SIGKILL)
-        deadline = time.monotonic() + confirm_s
-        while router.alive() and time.monotonic() < deadline:
-            time.sleep(0.01)
-        return f"pid {router.pid}", not router.alive()
+    def kill_router(self) -> tuple[str, bool]:
+        return self.routers.kill_one()
 
     def adopt(self, manager: GroupManager) -> list[str]:
         adopted = []
-        desired = self.store.groups()
+        desired = effective_groups(self.store)
         by_group: dict[str, list[list[MemberRecord]]] = defaultdict(list)
         for recs in _by_handle(self.store.members()).values():
             by_group[recs[0].group].append(recs)
@@ -111,9 +78,7 @@ class LocalRuntime(Runtime):
         return adopted
 
     def stop_leftovers(self) -> int:
-        stopped = _stop_leftovers(self.store)
-        self.router = None
-        return stopped
+        return self.routers.stop() + _stop_leftovers(self.store)
 
 
 def router_env(store: Store) -> dict[str, str]:
@@ -164,16 +129,8 @@ def _reap(store: Store, recs: list[MemberRecord]) -> int:
 
 
 def _stop_leftovers(store: Store) -> int:
-    """Every recorded member and the recorded router, when still running; the records are cleared."""
-    stopped = sum(_reap(store, recs) for recs in _by_handle(store.members()).values())
-    rec = store.router()
-    if rec is not None:
-        proc = adopt("router", rec.pid, rec.ticks, Path(rec.log_path))
-        if proc is not None:
-            proc.stop()
-            stopped += 1
-        store.set_router(None)
-    return stopped
+    """Every recorded member and router replica, when still running; the records are cleared."""
+    return sum(_reap(store, recs) for recs in _by_handle(store.members()).values()) + stop_recorded_routers(store)
 
 
 def stop_recorded_fleet() -> int:

@@ -6,6 +6,8 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from engine.control.conditions import Condition
+from engine.control.store import GroupDecision
 from engine.group.manager import GroupState
 from engine.group.spec import InferenceGroup, Role
 from engine.router.registry import GroupName, Weight
@@ -65,7 +67,17 @@ class MemberView(BaseModel):
     id: str | None = Field(None, description="'pid N' or 'pod NAME UID': changes when the member is rebuilt")
 
 
+class DesiredView(BaseModel):
+    """The group as the user asked for it (its spec's weight and serving/standby)."""
+
+    weight: float
+    standby: bool
+
+
 class GroupView(BaseModel):
+    """One group: what was asked (`desired`, and the controller's own `decision` over it), what runs (state,
+    weight, standby, members: observed), and its `conditions`."""
+
     name: str
     version: str
     state: GroupState
@@ -78,6 +90,10 @@ class GroupView(BaseModel):
     last_activation_s: float | None = None
     members: list[MemberView] = Field(default_factory=list)
     spec: InferenceGroup | None = Field(None, description="what runs (a flow copies it for a warm standby)")
+    desired: DesiredView | None = Field(None, description="what the user asked; None once the group is deleted")
+    decision: GroupDecision | None = Field(None, description="the controller's own decision over what the user asked "
+                                                             "(a warm replacement), until a user verb supersedes it")
+    conditions: list[Condition] = Field(default_factory=list, description="Available, Progressing, Failed, Converged")
 
     @property
     def serving(self) -> bool:
@@ -125,7 +141,8 @@ class Lease(BaseModel):
 
 class FleetStatus(BaseModel):
     router_url: str
-    router_pid: int | None = Field(None, description="the router process on the local backend")
+    router_pids: list[int] = Field(default_factory=list, description="the live router replicas' processes on the "
+                                                                      "local backend (they share router_url's port)")
     backend: str = Field("local", description="where members run: local or kubernetes")
     router_replicas: list[dict] = Field(default_factory=list, description="router replicas watching the route set now")
     controller_pid: int

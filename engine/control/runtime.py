@@ -32,6 +32,8 @@ class ControllerConfig(BaseModel):
     host: str = Field("127.0.0.1", description="bind address of the controller API (local: also the router and members)")
     port: int = Field(0, ge=0, le=65535, description="controller API port (0 = the one it had, else any free port)")
     router_port: int = Field(0, ge=0, le=65535, description="local: router port (0 = the one it had, else any free port)")
+    router_replicas: int = Field(2, ge=1, le=16, description="local: router processes sharing the router port "
+                                                            "(SO_REUSEPORT); one that dies is started again")
     router_args: list[str] = Field(default_factory=list, description="local: extra `tideflow router` flags")
     router_url: str = Field("http://tideflow-router:8000",
                             description="kubernetes: the router Service clients use (reported by status)")
@@ -58,13 +60,13 @@ class Runtime(abc.ABC):
         """Make sure a router watches this controller (called at start and on every reconcile pass)."""
 
     @abc.abstractmethod
-    def router_pid(self) -> int | None:
-        """The router process on this machine, if the runtime runs one."""
+    def router_pids(self) -> list[int]:
+        """The live router replicas on this machine, if the runtime runs them."""
 
     @abc.abstractmethod
     def kill_router(self) -> tuple[str, bool]:
-        """A fault drill's kill of the router: (what was killed, whether it was seen gone); the next
-        reconcile pass starts a new one."""
+        """A fault drill's kill of one router replica: (what was killed, whether it was seen gone); the next
+        reconcile pass starts it again."""
 
     @abc.abstractmethod
     def adopt(self, manager: GroupManager) -> list[str]:

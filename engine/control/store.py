@@ -23,11 +23,12 @@ from engine.group.local import MemberRecord
 from engine.group.spec import InferenceGroup
 
 _SCHEMA = """
+CREATE TABLE IF NOT EXISTS decisions (name TEXT PRIMARY KEY, body TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS desired (name TEXT PRIMARY KEY, spec TEXT NOT NULL, weight REAL NOT NULL,
                                     standby INTEGER NOT NULL, updated REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS members (handle_id TEXT NOT NULL, record TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS members_handle ON members (handle_id);
-CREATE TABLE IF NOT EXISTS routers (id INTEGER PRIMARY KEY CHECK (id = 1), body TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS router_replicas (slot INTEGER PRIMARY KEY, body TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS settings (name TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS secrets (name TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS autoscalers (name TEXT PRIMARY KEY, body TEXT NOT NULL);
@@ -37,21 +38,49 @@ CREATE TABLE IF NOT EXISTS events (at REAL NOT NULL, kind TEXT NOT NULL, message
 
 
 class DesiredGroup(BaseModel):
-    """One group as the user wants it."""
+    """One group as the user wants it: written only by user verbs (apply, delete, weights, activate, park, a
+    pool's scale), never by the controller's own decisions (those are GroupDecisions)."""
 
     spec: InferenceGroup
     weight: float = Field(ge=0, description="router weight while serving")
     standby: bool = Field(False, description="loaded and warm but not routed (the warm pool)")
 
 
+class GroupDecision(BaseModel):
+    """What the controller decided for a group on its own, over what the user asked: a warm replacement serves
+    a standby in a fallen group's place and rebuilds the fallen one into the pool. Kept apart from the spec so
+    the spec stays what the user wrote (a later user verb on the group supersedes it), and durable so a
+    restarted controller keeps it."""
+
+    standby: bool
+    weight: float = Field(ge=0)
+    reason: str = Field(description="why, in a sentence (shown by status)")
+    at: float = Field(description="unix time of the decision")
+
+
+def effective(desired: DesiredGroup, decision: GroupDecision | None) -> DesiredGroup:
+    """What the controller converges the group to: the spec, with the controller's decision over it."""
+    if decision is None:
+        return desired
+    return desired.model_copy(update={"standby": decision.standby, "weight": decision.weight})
+
+
+def effective_groups(store: "StateStore") -> dict[str, DesiredGroup]:
+    """Every desired group as the controller runs it (a restarted controller adopts and builds these)."""
+    decisions = store.decisions()
+    return {name: effective(want, decisions.get(name)) for name, want in store.groups().items()}
+
+
 class RouterRecord(BaseModel):
-    """The router process the controller started, and the controller URL it watches."""
+    """A router replica the controller started, and the controller URL it watches."""
 
     pid: int
     ticks: int
     port: int
     log_path: str
     controller_url: str
+    reuse_port: bool = Field(False, description="bound with SO_REUSEPORT: other replicas may share its port "
+                                                "(a record of a router from before replicas has False)")
 
 
 class Event(BaseModel):
@@ -69,6 +98,10 @@ class StateStore(Protocol):
     def delete_group(self, name: str) -> bool: ...
 
     def groups(self) -> dict[str, DesiredGroup]: ...
+
+    def put_decision(self, name: str, decision: GroupDecision | None) -> None: ...
+
+    def decisions(self) -> dict[str, GroupDecision]: ...
 
     def put_autoscaler(self, name: str, body_json: str) -> None: ...
 
@@ -107,6 +140,13 @@ class Store:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.executescript(_SCHEMA)
         self._lock = threading.Lock()
+        self._take_single_router_record()
+
+    def _take_single_router_record(self) -> None:
+        """A home written before router replicas kept its one router in `routers`: it becomes replica 0."""
+        if self._run("SELECT name FROM sqlite_master WHERE type = 'table' AND name = 'routers'"):
+            self._run("INSERT OR IGNORE INTO router_replicas SELECT 0, body FROM routers")
+            self._run("DROP TABLE routers")
 
     def _run(self, sql: str, args: tuple = ()) -> list[tuple]:
         with self._lock:
@@ -119,6 +159,7 @@ class Store:
 
     def delete_group(self, name: str) -> bool:
         with self._lock:
+            self._db.execute("DELETE FROM decisions WHERE name = ?", (name,))
             return self._db.execute("DELETE FROM desired WHERE name = ?", (name,)).rowcount > 0
 
     def groups(self) -> dict[str, DesiredGroup]:
@@ -128,6 +169,17 @@ class Store:
             g = DesiredGroup(spec=InferenceGroup.model_validate_json(spec), weight=weight, standby=bool(standby))
             out[g.spec.name] = g
         return out
+
+    # -- the controller's own decisions over the specs -----------------------------------------------
+    def put_decision(self, name: str, decision: GroupDecision | None) -> None:
+        if decision is None:
+            self._run("DELETE FROM decisions WHERE name = ?", (name,))
+        else:
+            self._run("INSERT OR REPLACE INTO decisions VALUES (?, ?)", (name, decision.model_dump_json()))
+
+    def decisions(self) -> dict[str, GroupDecision]:
+        return {name: GroupDecision.model_validate_json(body)
+                for name, body in self._run("SELECT name, body FROM decisions ORDER BY name")}
 
     # -- autoscaler policies (desired: running until stopped) ---------------------------------------
     def put_autoscaler(self, name: str, body_json: str) -> None:
@@ -150,15 +202,16 @@ class Store:
     def members(self) -> list[MemberRecord]:
         return [MemberRecord.model_validate_json(r) for (r,) in self._run("SELECT record FROM members")]
 
-    def set_router(self, rec: RouterRecord | None) -> None:
+    def set_router(self, slot: int, rec: RouterRecord | None) -> None:
         if rec is None:
-            self._run("DELETE FROM routers")
+            self._run("DELETE FROM router_replicas WHERE slot = ?", (slot,))
         else:
-            self._run("INSERT OR REPLACE INTO routers VALUES (1, ?)", (rec.model_dump_json(),))
+            self._run("INSERT OR REPLACE INTO router_replicas VALUES (?, ?)", (slot, rec.model_dump_json()))
 
-    def router(self) -> RouterRecord | None:
-        rows = self._run("SELECT body FROM routers")
-        return RouterRecord.model_validate_json(rows[0][0]) if rows else None
+    def routers(self) -> dict[int, RouterRecord]:
+        """Router replicas by slot (0, 1, ...)."""
+        rows = self._run("SELECT slot, body FROM router_replicas ORDER BY slot")
+        return {slot: RouterRecord.model_validate_json(body) for slot, body in rows}
 
     # -- settings that must survive a restart (the controller's port: its router watches that URL) ----------
     def setting(self, name: str) -> str | None:

@@ -65,6 +65,8 @@ class FaultRun(BaseModel):
                                                   "controller kill: every member the same (kept, adopted)")
     kill_at_s: float = Field(description="when the kill landed, in seconds from the start of the load")
     open_at_kill: int = Field(description="requests sent before the kill that ended after it")
+    failed_after_kill: int = Field(0, description="requests sent after the kill that failed: what a kill costs clients "
+                                                  "that had nothing in flight (0 when the router kept serving)")
     migrated: int = Field(description="requests the router moved to another worker (its migrations counter)")
     stream_gap_p50_ms: float | None = Field(description="median, over the streams open at the kill, of each one's "
                                                         "longest pause between two chunks")
@@ -143,7 +145,8 @@ async def _one(client: ControlClient, spec: FaultDrillSpec, repeat: int) -> Faul
                                             for m in view.members):
         raise FaultDrillError(f"the group has no {spec.target} member to kill")
     ids_before = {m.id for m in view.members if m.id}
-    router_url = client.status().router_url
+    status = client.status()
+    router_url, routers_before = status.router_url, len(status.router_pids)
     load_spec = spec.load.model_copy(update={"seed": spec.load.seed + repeat, "temperature": 0.0})
     migrated_before = await asyncio.to_thread(_migrations, load_spec)
     flowing = threading.Event()
@@ -164,7 +167,7 @@ async def _one(client: ControlClient, spec: FaultDrillSpec, repeat: int) -> Faul
         restart()
     if spec.target in PLANE:
         eject_s = None
-        recover_s = await _until(lambda: _plane_back(client, spec.group, router_url, ids_before),
+        recover_s = await _until(lambda: _plane_back(client, spec.group, router_url, ids_before, routers_before),
                                  spec.recovery_timeout_s, t_kill)
     else:
         eject_s = await _until(lambda: not _routable(client, spec.group), spec.recovery_timeout_s, t_kill)
@@ -187,7 +190,8 @@ async def _one(client: ControlClient, spec: FaultDrillSpec, repeat: int) -> Faul
         lost, duplicated = lost + missing, duplicated + extra
     return FaultRun(repeat=repeat, killed=killed, eject_s=eject_s, recover_s=recover_s, all_members_new=all_new,
                     members_as_expected=(after == ids_before) if spec.target in PLANE else all_new, kill_at_s=kill_s,
-                    open_at_kill=len(at_risk), migrated=round(migrated), stream_gap_p50_ms=_pct(gaps, 50),
+                    open_at_kill=len(at_risk),
+                    failed_after_kill=sum(not r.ok for r in report.requests if r.sent_s > kill_s), migrated=round(migrated), stream_gap_p50_ms=_pct(gaps, 50),
                     stream_gap_p99_ms=_pct(gaps, 99), checked=len(answered) - unchecked, lost_tokens=lost,
                     duplicated_tokens=duplicated, unchecked=unchecked, load=report)
 
@@ -204,15 +208,18 @@ def _kill(client: ControlClient, spec: FaultDrillSpec):
     return f"{hit.member} ({hit.id})", hit.landed, hit.before, None
 
 
-def _plane_back(client: ControlClient, name: str, router_url: str, members: set[str]) -> bool:
-    """The router answers with the group routable, the controller answers, the group is Ready with its members."""
+def _plane_back(client: ControlClient, name: str, router_url: str, members: set[str], routers: int) -> bool:
+    """The router answers with the group routable, the controller answers with as many router replicas as before
+    the kill, each reporting that it serves the route set, and the group is Ready with its members."""
     if not router_answers(router_url) or not client.health():
         return False
     try:
-        view = client.group(name)
+        view, status = client.group(name), client.status()
     except ControlAPIError:
         return False
-    return view.state == GroupState.READY and {m.id for m in view.members if m.id} == members
+    return (view.state == GroupState.READY and {m.id for m in view.members if m.id} == members
+            and len(status.router_pids) >= routers
+            and all(any(f"/{pid}/" in r["replica"] for r in status.router_replicas) for pid in status.router_pids))
 
 
 def token_diff(reference: list[str], got: list[str]) -> tuple[int, int]:

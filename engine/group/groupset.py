@@ -26,7 +26,6 @@ class GroupSetConfig(BaseModel):
     router_port: int = Field(0, ge=0, le=65535, description="router port (0 = any free port)")
     host: str = Field("127.0.0.1", description="bind address of the router and members")
     client_api_key: str | None = Field(None, description="key clients send; generated when unset")
-    state_dir: Path | None = Field(None, description="where group status files go (default $TIDEFLOW_HOME/groups)")
     policy: SupervisionPolicy = Field(default_factory=SupervisionPolicy)
     router_args: list[str] = Field(default_factory=list, description="extra `tideflow router` flags")
 
@@ -48,7 +47,7 @@ class LocalGroupSet:
         self.router = start_service(f"router-{port}", argv, logs / f"router-{port}.log", self.url + "/health", 60, env)
         self.admin = RouterAdmin(self.url, self._admin_key)
         self.backend = LocalProcessBackend(config.model_dir, self._member_key, config.model_name, logs, config.host)
-        self.manager = GroupManager(self.backend, self.admin, config.policy, config.state_dir or home() / "groups",
+        self.manager = GroupManager(self.backend, self.admin, config.policy,
                                     member_key=self._member_key)
 
     @property

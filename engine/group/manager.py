@@ -11,7 +11,6 @@ import logging
 import threading
 import time
 from enum import Enum
-from pathlib import Path
 from typing import Callable, Protocol
 
 from pydantic import BaseModel, Field
@@ -22,7 +21,6 @@ from engine.group.spec import InferenceGroup
 from engine.router.admin import wait_drained
 from engine.router.registry import Endpoint
 from engine.group.switch import MemberSwitch, MemberSwitchError
-from tideflow_kernels.atomic_file import atomic_write_text
 
 log = logging.getLogger(__name__)
 
@@ -109,18 +107,17 @@ class ManagedGroup:
     """One group's supervisor thread."""
 
     def __init__(self, spec: InferenceGroup, backend: Backend, router: Routing | None, policy: SupervisionPolicy,
-                 state_dir: Path | None, standby: bool = False, weight: float = 1.0,
+                 standby: bool = False, weight: float = 1.0,
                  switch: MemberSwitch | None = None, adopted: GroupHandle | None = None) -> None:
         self.spec, self.backend, self.router, self.policy = spec, backend, router, policy
         self.switch = switch  # flips members between serving and standby; None: members start serving
         self._control = threading.Lock()  # one activate or park at a time
-        self.state_dir, self.weight = state_dir, weight
+        self.weight = weight
         self.status = GroupStatus(name=spec.name, version=spec.version, state=GroupState.PENDING)
         self.standby = standby
         self._adopted = adopted  # members an earlier controller started, watched instead of started
         self.on_fall: Callable[[ManagedGroup, str], None] | None = None  # called when a serving group falls
         self._changed = threading.Condition()
-        self._persist_lock = threading.Lock()
         self._stop = threading.Event()
         self._ready_since: float | None = None
         self._drill_targets: set[tuple[str, int, int]] = set()  # (role, instance, rank) a drill is killing
@@ -147,18 +144,6 @@ class ManagedGroup:
             self.status.events.append(GroupEvent(at=time.time(), state=state, message=message))
             self._changed.notify_all()
         log.info("group %s: %s %s", self.spec.name, state.value, message)
-        self._persist()
-
-    def _persist(self) -> None:
-        if self.state_dir is None:
-            return
-        with self._persist_lock:  # the supervisor and control threads both persist; one snapshot at a time
-            with self._changed:
-                text = self.status.model_dump_json(indent=2)
-            try:
-                atomic_write_text(self.state_dir / f"{self.spec.name}.json", text)
-            except OSError as exc:  # a full disk must not end supervision: the status in memory stays true
-                log.warning("group %s: could not write its status file: %s", self.spec.name, exc)
 
     # -- the loop ------------------------------------------------------------------------------
     def _supervise(self) -> None:
@@ -406,12 +391,11 @@ class GroupManager:
     """All groups of one group set, and the router they register with."""
 
     def __init__(self, backend: Backend, router: Routing | None, policy: SupervisionPolicy | None = None,
-                 state_dir: Path | None = None, member_key: str | None = None,
+                 member_key: str | None = None,
                  on_fall: Callable[[ManagedGroup, str], None] | None = None) -> None:
         self.backend, self.router, self.on_fall = backend, router, on_fall
         self.switch = MemberSwitch(member_key)  # the key members accept on their /admin routes
         self.policy = policy or SupervisionPolicy()
-        self.state_dir = state_dir
         self.groups: dict[str, ManagedGroup] = {}
 
     def up(self, spec: InferenceGroup, standby: bool = False, weight: float = 1.0,
@@ -419,7 +403,7 @@ class GroupManager:
         """Supervise `spec`: start its members, or watch `adopted` ones already running."""
         if spec.name in self.groups and self.groups[spec.name].status.state not in (GroupState.STOPPED, GroupState.FAILED):
             raise BackendError(f"group {spec.name} is already managed ({self.groups[spec.name].status.state.value})")
-        managed = ManagedGroup(spec, self.backend, self.router, self.policy, self.state_dir, standby, weight,
+        managed = ManagedGroup(spec, self.backend, self.router, self.policy, standby, weight,
                                self.switch, adopted)
         managed.on_fall = self.on_fall
         managed.start()

@@ -13,6 +13,9 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("router", help="run the OpenAI gateway in front of a group set")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8080)
+    p.add_argument("--reuse-port", action="store_true",
+                   help="share the port with other router replicas on this host (SO_REUSEPORT); the controller runs "
+                        "its replicas so")
     p.add_argument("--model-name", default="default", help="model id clients ask for")
     p.add_argument("--model-dir", type=Path, default=None, help="checkpoint dir (tokenizer for PD groups)")
     p.add_argument("--api-key-file", type=Path, default=None, help="client keys, one per line (also $TIDEFLOW_API_KEYS)")
@@ -52,7 +55,7 @@ def _run(args: argparse.Namespace) -> int:
     from engine.router.sync import ROUTES_KEY_ENV
     from engine.server.auth import load_api_keys
 
-    config = RouterConfig(host=args.host, port=args.port, model_name=args.model_name, model_dir=args.model_dir,
+    config = RouterConfig(host=args.host, port=args.port, reuse_port=args.reuse_port, model_name=args.model_name, model_dir=args.model_dir,
                           rate_limit_rps=args.rate_limit_rps, request_timeout_s=args.request_timeout_s,
                           max_attempts=args.max_attempts, migration_limit=args.migration_limit,
                           route_wait_s=args.route_wait_s,
@@ -74,6 +77,6 @@ def _run(args: argparse.Namespace) -> int:
     # (such a collection took 270 ms in one call with the GIL held, so with the event loop waiting)
     gc.collect()
     gc.freeze()
-    run_server(app, config.connections, host=config.host, port=config.port, log_level="warning",
-               timeout_graceful_shutdown=5)
+    run_server(app, config.connections, host=config.host, port=config.port, reuse_port=config.reuse_port,
+               log_level="warning", timeout_graceful_shutdown=5)
     return 0

@@ -12,6 +12,8 @@ from engine.server.connection_limits import ConnectionLimits
 class RouterConfig(BaseModel):
     host: str = Field("127.0.0.1", description="bind address; loopback unless told otherwise")
     port: int = Field(8080, ge=0, le=65535, description="OpenAI API port (0 = any free port)")
+    reuse_port: bool = Field(False, description="share the port with other router replicas on this host (SO_REUSEPORT): "
+                                                "the kernel spreads connections over the live ones")
     model_name: str = Field("default", description="model id clients ask for")
     model_dir: Path | None = Field(None, description="checkpoint dir for the tokenizer (needed for PD groups)")
     block_size: int = Field(16, ge=1, description="KV block size, for prefix-affinity hashes")

@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import socket
 import sys
 import threading
 from pathlib import Path
@@ -25,7 +24,7 @@ from engine.errors import EXIT_ENGINE_FAILED, exit_member
 from engine.process import Child, die_with_parent
 from engine.server.auth import load_api_keys
 from engine.server.connection_limits import ConnectionLimits
-from engine.server.connections import server_config
+from engine.server.connections import listening_socket, server_config
 from engine.server.core_client import CoreClient
 from engine.server.faults import FaultConfig, FaultInjector
 from engine.server.limits import DEFAULT_MAX_BODY_BYTES, MEMBER_KEEP_ALIVE_S
@@ -52,17 +51,6 @@ class ApiServerSpec(BaseModel):
     connections: ConnectionLimits = Field(default_factory=ConnectionLimits,
                                           description="bounded reads; each API server counts its own connections")
     starter_pid: int = Field(default_factory=os.getpid, description="an API server ends when this process does")
-
-
-def listening_socket(host: str, port: int, reuse_port: bool) -> socket.socket:
-    """A socket bound to (host, port) for uvicorn; with `reuse_port`, other processes may bind the same."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    if reuse_port:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    sock.bind((host, port))
-    return sock
 
 
 def serve_api(spec: ApiServerSpec, client: CoreClient, warm_up: bool, standby: bool = False) -> None:

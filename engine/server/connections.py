@@ -12,6 +12,7 @@ address; this protocol adds both and is otherwise uvicorn's own.
 from __future__ import annotations
 
 import asyncio
+import socket
 import sys
 from collections import Counter
 
@@ -92,12 +93,36 @@ def server_config(app, limits: ConnectionLimits, **kwargs) -> uvicorn.Config:
     return uvicorn.Config(app, http=bounded_protocol(limits), **kwargs)
 
 
-def run_server(app, limits: ConnectionLimits, **kwargs) -> None:
-    """uvicorn.run with bounded reads, ending as it does: SIGINT/SIGTERM are a clean exit, a failed start exit 3."""
-    server = uvicorn.Server(server_config(app, limits, **kwargs))
+def listening_socket(host: str, port: int, reuse_port: bool) -> socket.socket:
+    """A socket bound to (host, port) for uvicorn; with `reuse_port`, other processes may bind the same
+    (SO_REUSEPORT: the kernel spreads new connections over the processes that listen, and stops sending
+    any to one that has closed its socket or died)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuse_port:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind((host, port))
+    return sock
+
+
+def run_server(app, limits: ConnectionLimits, *, host: str, port: int, reuse_port: bool = False, **kwargs) -> None:
+    """uvicorn.run with bounded reads, ending as it does: SIGINT/SIGTERM are a clean exit, a failed start exit 3.
+
+    With `reuse_port` the port is shared with other replicas of this server. uvicorn binds before its
+    lifespan starts but listens only after it, so a replica gets no connection before it is set up."""
+    server = uvicorn.Server(server_config(app, limits, host=host, port=port, **kwargs))
     try:
-        server.run()
+        sock = listening_socket(host, port, reuse_port) if reuse_port else None
+    except OSError as exc:
+        print(f"cannot bind {host}:{port}: {exc}", file=sys.stderr)
+        sys.exit(STARTUP_FAILURE)
+    try:
+        server.run(sockets=[sock] if sock is not None else None)
     except KeyboardInterrupt:  # uvicorn raises the signal it caught again once it has shut down
         pass
+    finally:
+        if sock is not None:
+            sock.close()
     if not server.started:
         sys.exit(STARTUP_FAILURE)

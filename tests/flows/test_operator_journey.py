@@ -156,14 +156,14 @@ def test_the_operators_day_from_the_prefect_ui(journey_home, tmp_path_factory):
             until(lambda: len(traffic.outcomes) >= 280, 300)
         assert traffic.errors() == [] and len(traffic.outcomes) >= 280, traffic.errors()[:3]
         after = status()
-        assert after["controller_pid"] == by_hand.pid and after["router_pid"] == before["router_pid"]
+        assert after["controller_pid"] == by_hand.pid and after["router_pids"] == before["router_pids"]
         assert {g["name"]: [m["pid"] for m in g["members"]] for g in after["groups"]} == members
 
         # 7. stopping the UI leaves the controller started by hand serving, and says so
         ui.proc.send_signal(signal.SIGTERM)
         ui.proc.wait(timeout=180)
         assert "keeps serving" in ui.log_tail(40)
-        assert by_hand.alive() and start_ticks(after["router_pid"]) is not None
+        assert by_hand.alive() and all(start_ticks(pid) is not None for pid in after["router_pids"])
         answer = Traffic().client.completions.create(model="default", prompt="still here", max_tokens=2)
         assert answer.choices
     finally:

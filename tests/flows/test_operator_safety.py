@@ -94,7 +94,7 @@ def test_fleet_status_is_an_artifact_of_the_run(serving):
 
     (artifact,) = [a for a in asyncio.run(artifacts()) if a.flow_run_id == state.state_details.flow_run_id]
     assert artifact.key == "fleet-status" and artifact.type == "markdown"
-    assert "| serving | v1 | Ready | 100 | 100 % |" in artifact.data
+    assert "| serving | v1 | serving at 100 | Ready | 100 | 100 % |" in artifact.data
 
 
 def test_a_tidal_copy_takes_traffic_in_proportion_to_its_capacity(serving, tmp_path, tiny_model_dir):

@@ -112,8 +112,8 @@ class TableRuntime(Runtime):
     def ensure_router(self) -> None:
         pass
 
-    def router_pid(self) -> int | None:
-        return None
+    def router_pids(self) -> list[int]:
+        return []
 
     def kill_router(self) -> tuple[str, bool]:
         raise BackendError("no router here")

@@ -113,24 +113,37 @@ def test_apply_that_waits_exits_non_zero_naming_the_memory_a_group_that_does_not
         controller.delete("ctl-huge", drain_s=0)
 
 
-def test_router_killed_is_restarted_with_every_ready_group(serving):
+def test_a_killed_router_replica_fails_no_new_request_and_is_started_again(serving):
+    """Two replicas share the router port: right after one is SIGKILLed, 12 requests (half streamed) from a client
+    that does not retry all succeed on the survivor, and the dead one is started again on the same port."""
     controller = serving
     status = controller.status()
-    router = status.router_url
-    os.kill(status.router_pid, signal.SIGKILL)
-    client = openai_client(controller)
+    assert len(status.router_pids) == 2
+    killed = controller.kill_router()
+    assert killed.landed
+    killed_pid = int(killed.id.split()[1].rstrip(","))
+    assert killed_pid in status.router_pids
+    client = openai_client(controller)  # max_retries=0: an error would show
+    for i in range(12):
+        if i % 2:
+            stream = client.completions.create(model="default", prompt=f"again {i}", max_tokens=3, stream=True,
+                                               extra_body={"ignore_eos": True})
+            assert [c.choices[0].finish_reason for c in stream if c.choices[0].finish_reason] == ["length"]
+        else:
+            answer = client.completions.create(model="default", prompt=f"again {i}", max_tokens=3,
+                                               extra_body={"ignore_eos": True})
+            assert answer.usage.completion_tokens == 3
     deadline = time.monotonic() + 60
-    while True:
-        try:
-            client.completions.create(model="default", prompt="again", max_tokens=2)
-            break
-        except openai.APIError:
-            assert time.monotonic() < deadline, "the router did not come back with its groups"
-            time.sleep(0.2)
+    while len(pids := controller.status().router_pids) < 2 or killed_pid in pids:
+        assert time.monotonic() < deadline, f"the replica was not started again: {pids}"
+        time.sleep(0.2)
     again = controller.status()
-    assert again.router_url == router  # same address: clients need no new configuration
-    assert again.router_pid != status.router_pid
-    assert any(e.kind == "router" and "gone" in e.message for e in controller.events())
+    assert again.router_url == status.router_url  # same address: clients need no new configuration
+    (started,) = set(again.router_pids) - set(status.router_pids)  # a new process in the dead one's slot
+    assert any(e.kind == "router" and f"pid {killed_pid}) gone" in e.message for e in controller.events())
+    while not any(f"/{started}/" in r["replica"] for r in controller.status().router_replicas):
+        assert time.monotonic() < deadline, controller.status().router_replicas  # it took the route set and reports
+        time.sleep(0.2)
 
 
 def test_a_second_router_replica_serves_the_same_groups_and_follows_every_change(serving, tideflow_home, request):
@@ -151,11 +164,11 @@ def test_a_second_router_replica_serves_the_same_groups_and_follows_every_change
                                      extra_body={"ignore_eos": True}).usage.completion_tokens == 3
 
     deadline = time.monotonic() + 10
-    while len(controller.status().router_replicas) < 2:  # the controller's router and this one report
+    while len(controller.status().router_replicas) < 3:  # the controller's two replicas and this one report
         assert time.monotonic() < deadline, controller.status().router_replicas
         time.sleep(0.1)
     (routed,) = [g for g in controller.groups() if g["name"] == "ctl-a"]
-    assert routed["replicas"] == 2 and routed["routable"]
+    assert routed["replicas"] == 3 and routed["routable"]
 
     controller.set_weights({"ctl-a": 0.0})
     try:
@@ -234,7 +247,8 @@ def test_sigkill_controller_under_load_loses_nothing_and_readopts(serving, spec,
     assert before.state == GroupState.READY
     pids_before = {m.pid for m in before.members}
     status_before = controller.status()
-    router_url, router_pid = status_before.router_url, status_before.router_pid
+    router_url, router_pids = status_before.router_url, status_before.router_pids
+    assert len(router_pids) == 2
     client = openai_client(controller)
     results: list[str] = []
     stop = threading.Event()
@@ -275,14 +289,15 @@ def test_sigkill_controller_under_load_loses_nothing_and_readopts(serving, spec,
     assert view.state == GroupState.READY
     assert {m.pid for m in view.members} == pids_before  # adopted, not restarted
     after = controller.status()
-    assert after.router_url == router_url and after.router_pid == router_pid  # the router was kept, not replaced
+    assert after.router_url == router_url and after.router_pids == router_pids  # the routers were kept, not replaced
     assert discovery.find().pid == second.pid and discovery.find().url == controller.url
     assert any(e.kind == "adopt" and "adopted 1 running members" in e.message for e in controller.events())
-    assert any(e.kind == "router" and f"adopted router pid {router_pid}" in e.message for e in controller.events())
-    # no duplicates: exactly one serve process per member, one router
+    adopted = [e.message for e in controller.events() if e.kind == "router" and e.message.startswith("adopted")]
+    assert all(any(f"pid {pid} " in m for m in adopted) for pid in router_pids), adopted
+    # no duplicates: exactly one serve process per member, two router replicas
     cmdlines = [(p / "cmdline").read_bytes() for p in Path("/proc").iterdir()
                 if p.name.isdigit() and start_ticks(int(p.name)) is not None and _home_of(p) == str(tideflow_home)]
-    assert sum(b"\0serve\0" in c for c in cmdlines) == 1 and sum(b"\0router\0" in c for c in cmdlines) == 1
+    assert sum(b"\0serve\0" in c for c in cmdlines) == 1 and sum(b"\0router\0" in c for c in cmdlines) == 2
 
 
 def _home_of(proc) -> str | None:

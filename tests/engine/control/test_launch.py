@@ -11,7 +11,7 @@ from engine.control import discovery
 from engine.control.client import ControlClient
 from engine.control.launch import ensure_controller, stop_controller
 from engine.control.local_runtime import stop_recorded_fleet
-from engine.process import free_port, start_service, tideflow_argv
+from engine.process import free_port, start_service, start_ticks, tideflow_argv
 
 from tests.conftest import assert_nothing_left
 
@@ -44,7 +44,7 @@ def test_stopping_what_was_started_leaves_a_hand_started_controller_serving(home
         info = discovery.find()
         assert info.pid == by_hand.pid
         with ControlClient(info.url, info.admin_key) as client:
-            assert client.health() and client.status().router_pid is not None  # its router still runs
+            assert client.health() and client.status().router_pids  # its routers still run
     finally:
         with ControlClient.connect() as client:
             client.down()
@@ -53,10 +53,10 @@ def test_stopping_what_was_started_leaves_a_hand_started_controller_serving(home
 
 def test_stopping_its_own_controller_stops_its_fleet(home):
     ours = ensure_controller()
-    router_pid = ControlClient.connect().status().router_pid
+    router_pids = ControlClient.connect().status().router_pids
     said = stop_controller(ours)
     assert "stopped the controller started here" in said
-    assert not ours.alive() and router_pid is not None
+    assert not ours.alive() and router_pids and all(start_ticks(pid) is None for pid in router_pids)
     with pytest.raises(discovery.NoController):
         discovery.find()
 

@@ -78,7 +78,7 @@ def test_a_group_that_does_not_fit_is_refused_before_any_member_starts(tiny_mode
     assert not logs.exists()
 
     # supervised, the refusal ends the group Failed with the reason (what `status` and `apply --wait-s` report)
-    manager = GroupManager(backend, None, SupervisionPolicy(max_restarts=1, backoff_s=0.01), tmp_path / "groups")
+    manager = GroupManager(backend, None, SupervisionPolicy(max_restarts=1, backoff_s=0.01))
     managed = manager.up(big)
     assert managed.wait_for({GroupState.FAILED}, 30) == GroupState.FAILED
     assert managed.status.events[-1].message.startswith(

@@ -29,11 +29,19 @@ def test_core_manifests_validate(name, k8s_validate):
 
 @pytest.mark.parametrize("name, account", [("router.yaml", "tideflow-router"), ("controller.yaml", "tideflow-controller")])
 def test_services_select_their_pods_and_accounts_exist(name, account):
-    deployment, service = docs(name)
+    deployment, service = docs(name)[:2]
     pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
     assert service["spec"]["selector"].items() <= pod_labels.items()
     assert deployment["spec"]["template"]["spec"]["serviceAccountName"] == account
     assert account in {d["metadata"]["name"] for d in docs("rbac.yaml") if d["kind"] == "ServiceAccount"}
+
+
+def test_a_router_pod_disruption_leaves_a_router_serving():
+    """Two router replicas, and a PodDisruptionBudget over exactly their pods that lets at most one go at a time."""
+    deployment, _, budget = docs("router.yaml")
+    assert budget["kind"] == "PodDisruptionBudget"
+    assert budget["spec"]["selector"]["matchLabels"] == deployment["spec"]["selector"]["matchLabels"]
+    assert 1 <= budget["spec"]["minAvailable"] < deployment["spec"]["replicas"]
 
 
 def test_router_and_controller_commands_parse_and_meet():
