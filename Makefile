@@ -31,7 +31,7 @@ journey: $(STAMP)
 	$(BIN)/python -m pytest -q tests/flows/test_operator_journey.py
 
 # Every claim's benchmark (guidellm_crosscheck.py and peer_vllm.py need their own venvs: see their docstrings).
-BENCHES := decode serving stream_curve http_overhead fairness mixed_step kernel_ops weights pd ep warm tidal failover profile_engine router_stall router_kill
+BENCHES := decode serving stream_curve http_overhead fairness mixed_step kernel_ops weights pd ep warm tidal failover profile_engine router_stall router_kill chaos
 bench: $(STAMP)
 	for b in $(BENCHES); do $(BIN)/python benchmarks/$$b.py || exit 1; done
 

@@ -2,7 +2,8 @@
 
 A `tideflow controller` (its own process, its own home, 2 router replicas) serves two colocated groups of
 one model. Greedy Poisson load runs through the routers (the load drill's client, retries off) for
-`--duration-s`. Every `--fault-every-s` (jittered, seeded) one fault, drawn at random:
+`--duration-s`. Every `--fault-every-s` (jittered, seeded) one fault, drawn from successive seeded shuffles of
+the five kinds (so a short run still meets each one):
   member-kill    SIGKILL a member of a Ready group (through the controller's fault API)
   member-stop    SIGSTOP a member for `--stop-s`, then SIGCONT (a hung process that keeps its sockets)
   controller     SIGKILL the controller, start it again with its own command line after 1 s
@@ -27,6 +28,7 @@ import argparse
 import asyncio
 import os
 import random
+import shutil
 import signal
 import sys
 import tempfile
@@ -80,7 +82,8 @@ class Fleet:
         self.port = free_port()
         self.argv = tideflow_argv("controller", "--port", str(self.port), "--model-dir", str(model_dir))
         self.controller = self._start_controller("controller")
-        self.releases: list[str] = []
+        self.releases: list[str] = []  # release groups now applied, oldest first
+        self.released = 0  # release groups applied in all (names are never reused)
         self.lock = threading.Lock()  # the release list: retire threads change it too
 
     def _start_controller(self, name: str) -> Child:
@@ -94,7 +97,7 @@ class Fleet:
             for name in ("chaos-a", "chaos-r1"):
                 if c.wait_for(name, {GroupState.READY, GroupState.FAILED}, 300).state != GroupState.READY:
                     raise SystemExit(f"group {name} did not start")
-        self.releases = ["chaos-r1"]
+        self.releases, self.released = ["chaos-r1"], 1
 
     def ready_groups(self) -> list[str]:
         with control() as c:
@@ -113,7 +116,7 @@ class Fleet:
                 hit = c.kill_router()
             return f"router replica killed ({hit.id})"
         if fault == "release":
-            return self._release(rng)
+            return self._release()
         ready = self.ready_groups()
         if not ready:
             return "no Ready group to hit"
@@ -130,15 +133,17 @@ class Fleet:
         threading.Timer(stop_s, _cont, args=(pids[0],)).start()
         return f"{name}: member pid {pids[0]} stopped for {stop_s:g}s"
 
-    def _release(self, rng: random.Random) -> str:
+    def _release(self) -> str:
         """A new version as a new group; the oldest release group goes once the new one is Ready (in the
         background: the schedule goes on meanwhile)."""
-        n = len(self.releases) + 1
+        self.released += 1
+        n = self.released
         name = f"chaos-r{n}"
         with control() as c:
             c.apply(group(name, f"v{n}", self.model_dir))
-        self.releases.append(name)
-        old = self.releases[0] if len(self.releases) > 2 else None
+        with self.lock:
+            self.releases.append(name)
+            old = self.releases[0] if len(self.releases) > 2 else None
 
         def retire() -> None:
             try:
@@ -213,6 +218,7 @@ def orphans(home: Path) -> list[int]:
 
 
 def run(args: argparse.Namespace) -> int:
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a stopped run still takes its fleet down
     tmp = Path(tempfile.mkdtemp(prefix="tideflow-chaos-"))
     home = tmp / "home"
     os.environ["TIDEFLOW_HOME"] = str(home)
@@ -244,12 +250,14 @@ def run(args: argparse.Namespace) -> int:
         watch.thread.start()
         rng = random.Random(args.seed)
         t0 = time.monotonic()
+        schedule: list[str] = []
         while True:
             wait = args.fault_every_s * rng.uniform(0.5, 1.5)
             if time.monotonic() - t0 + wait > args.duration_s - 5:
                 break
             time.sleep(wait)
-            fault = rng.choice(FAULTS)
+            schedule = schedule or rng.sample(FAULTS, len(FAULTS))
+            fault = schedule.pop()
             try:
                 what = fleet.inject(fault, rng, args.stop_s)
             except (ControlAPIError, discovery.NoController, OSError) as exc:
@@ -273,6 +281,8 @@ def run(args: argparse.Namespace) -> int:
     while orphans(home) and time.monotonic() < deadline:
         time.sleep(0.5)
     left = orphans(home)
+    if not left:
+        shutil.rmtree(tmp, ignore_errors=True)  # kept when something was left behind: its logs tell why
 
     lost = dup = unchecked = exact = 0
     for rec, ref in zip(answered, references):

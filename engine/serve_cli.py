@@ -35,6 +35,9 @@ def add_commands(subparsers) -> None:
     p.add_argument("--served-model-name", help="model id clients send (default: the directory's name)")
     p.add_argument("--max-num-seqs", type=int)
     p.add_argument("--max-batch-tokens", type=int)
+    p.add_argument("--step-target-ms", type=float,
+                   help="while sequences decode, a step holds only the prefill that fits this many ms at the measured "
+                        "time per token (default and 0: off, every step may hold --max-batch-tokens)")
     budget = p.add_mutually_exclusive_group()
     budget.add_argument("--kv-cache-bytes", type=int)
     budget.add_argument("--kv-cache-fraction", type=float)
@@ -90,6 +93,8 @@ def engine_config(args: argparse.Namespace):
     given = {n: getattr(args, n) for n in names if getattr(args, n) is not None}
     if args.no_prefix_cache:
         given["enable_prefix_cache"] = False
+    if args.step_target_ms is not None:
+        given["step_target_ms"] = args.step_target_ms or None
     return EngineConfig(model_name=args.served_model_name or Path(args.model).resolve().name, **given)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Annotated, Callable
 
 from fastapi import APIRouter, Depends, FastAPI, Path, Query, Response
+from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from engine.control.controller import ControlError, Controller
@@ -45,6 +46,10 @@ def create_control_app(controller: Controller, on_down: Callable[[], None], body
     @app.get("/health")  # open: probes carry no secrets
     def health() -> dict:
         return {"status": "alive"}
+
+    @app.get("/ready")  # open: the Service routes to the controller that leads (on Kubernetes: holds the Lease)
+    def ready() -> dict:
+        return {"ready": True, "leader": True}
 
     def call(fn, *args):
         try:
@@ -161,4 +166,20 @@ def create_control_app(controller: Controller, on_down: Callable[[], None], body
         return {"down": True}
 
     app.include_router(api)
+    return app
+
+
+def create_standby_app(leader: Callable[[], str]) -> FastAPI:
+    """What a controller replica that campaigns for the Lease answers: alive, not ready (the Service sends it
+    nothing), and who leads (`leader()`: the Lease's holder as last seen)."""
+    app = FastAPI(title="tideflow controller (standby)", docs_url=None, redoc_url=None, openapi_url=None)
+
+    @app.get("/health")
+    def health() -> dict:
+        return {"status": "alive"}
+
+    @app.get("/ready")
+    def ready() -> JSONResponse:
+        return JSONResponse({"ready": False, "leader": leader() or None}, status_code=503)
+
     return app

@@ -10,9 +10,17 @@ import signal
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from engine.errors import TideflowError
 from engine.server import connection_limits
+
+if TYPE_CHECKING:
+    from engine.control.leader import LeaseElector
+
+
+POD_NAME_ENV = "POD_NAME"  # the controller's identity in the Lease (deployments/kubernetes/controller.yaml sets it)
+EXIT_LEADERSHIP_LOST = 4
 
 
 def add_commands(subparsers: argparse._SubParsersAction) -> None:
@@ -76,6 +84,9 @@ def _controller(args: argparse.Namespace) -> int:
                               capacity_check=CapacityCheck(enabled=args.capacity_check), **chosen)
     if config.backend == "kubernetes" and not config.port:
         raise TideflowError("--port is needed on kubernetes: the router Deployment reaches the controller's Service there")
+    elector = _lead(config) if config.backend == "kubernetes" else None
+    if elector is not None:
+        elector.keep(on_lost=_leadership_lost)  # from now on: adoption at start may take a while
     controller = Controller(config).start()
     port = controller.port
     info = discovery.ControllerInfo(url=controller.url, admin_key=controller.admin_key,
@@ -103,7 +114,34 @@ def _controller(args: argparse.Namespace) -> int:
         discovery.unregister(info.pid)
         if held is not None:
             held.release()  # last: no second controller may start while this one still acts on the home
+        if elector is not None:
+            elector.release()  # last, likewise: the other replica leads at once
     return 0
+
+
+def _lead(config) -> LeaseElector:
+    """On Kubernetes: campaign for the controller's Lease, answering /health (alive) and /ready 503 (not the
+    leader) on the API's port meanwhile; returns once this replica holds it."""
+    import socket
+
+    from engine.control.api import create_standby_app
+    from engine.control.leader import LeaseElector
+    from engine.group.k8s.backend import api_client
+    from engine.server.inproc import serve_in_thread
+
+    identity = os.environ.get(POD_NAME_ENV) or socket.gethostname()
+    elector = LeaseElector(api_client(), config.namespace, identity)
+    with serve_in_thread(create_standby_app(lambda: elector.holder), "controller-standby", host=config.host,
+                         port=config.port):
+        elector.campaign()
+    return elector
+
+
+def _leadership_lost(why: str) -> None:
+    """Another replica may lead from now on: this one must stop acting at once, so it exits (Kubernetes starts it
+    again, as a candidate). Its groups keep serving; the new leader adopts them."""
+    print(f"tideflow controller: lost the Lease ({why}); exiting", file=sys.stderr, flush=True)
+    os._exit(EXIT_LEADERSHIP_LOST)
 
 
 def _exit_on_signal(_signum: int, _frame) -> None:

@@ -5,9 +5,10 @@ state must outlive the objects it describes. A group being rebuilt has no pods, 
 must stay known until it has drained, and autoscaler policies and the last canary describe no LWS
 at all. The LWSes still carry the group's labels, which is how a restarted controller finds what runs.
 
-The controller is this ConfigMap's only writer (the Deployment runs one replica with the Recreate
-strategy), so state is read once at start, kept in memory, and written through with one merge patch
-per change; keys: `group.<name>`, `autoscaler.<name>`, `canary`, `lease`, `setting.<name>`, `events`.
+The controller that holds the Lease (engine/control/leader.py) is this ConfigMap's only writer: a replica
+reads it once it leads, keeps it in memory, and writes through with one merge patch per change; keys:
+`group.<name>`, `decision.<name>`, `autoscaler.<name>`, `canary`, `lease` (the flow runs' fleet lease,
+not the leader's), `setting.<name>`, `events`.
 
 Keys are not kept here: they come from a Secret mounted as environment variables
 (`TIDEFLOW_SECRET_<NAME>`, see deployments/kubernetes/controller.yaml).

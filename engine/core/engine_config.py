@@ -16,6 +16,12 @@ class EngineKnobs(BaseModel):
     block_size: int = Field(16, ge=1, le=1024, description="tokens per KV cache block (a power of two)")
     max_num_seqs: int = Field(64, ge=1, description="most sequences in the running batch")
     max_batch_tokens: int = Field(2048, ge=1, description="token budget of one model step (decode tokens + prefill chunks)")
+    step_target_ms: float | None = Field(
+        None, gt=0, le=60_000, description="while sequences decode, a step holds only the prefill that fits this, at "
+                                           "the time per token the engine measured, so prompts arriving together "
+                                           "(a failed member's moved requests, a burst) do not stall every stream "
+                                           "for one long step; costs throughput when prompts keep coming (more, "
+                                           "shorter steps); None: every step may hold max_batch_tokens")
     kv_cache_bytes: int | None = Field(None, gt=0, description="KV cache size in bytes (exclusive with kv_cache_fraction)")
     kv_cache_fraction: float | None = Field(
         None, gt=0.0, le=0.95, description="KV cache size as a fraction of available memory; default 0.2 when neither is given"

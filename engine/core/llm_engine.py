@@ -41,6 +41,7 @@ from engine.core.scheduler import Scheduler, StepPlan
 from engine.core.sequence import Sequence
 from engine.metrics import ServingMetrics
 from engine.core.step_clock import StepClock
+from engine.core.step_cost import StepCost
 from engine.core.stop import finish_reason
 from engine.tokenizer import Tokenizer
 
@@ -94,7 +95,8 @@ class LLMEngine:
         self.allocator = BlockAllocator(num_blocks, config.block_size, config.enable_prefix_cache)
         self.scheduler = Scheduler(self.allocator, config.max_num_seqs, config.max_batch_tokens, config.max_wait_ms / 1000,
                                    config.lone_arrival_ms / 1000 if config.lone_arrival_ms else None,
-                                   fair=config.scheduling == "fair")
+                                   fair=config.scheduling == "fair",
+                                   cost=StepCost(config.step_target_ms / 1000 if config.step_target_ms else None))
         self.eos_ids = tuple(set(mc.eos_ids) | set(tokenizer.eos_ids))
         self.max_model_len = min(mc.context_length, num_blocks * config.block_size)
         self.ready = False
@@ -371,10 +373,11 @@ class LLMEngine:
                 wake_at = self.scheduler.wake_at()
                 self._wake.wait(None if wake_at is None else max(0.0, wake_at - now))
                 continue
-            self.clock.size(sum(item.num_new for item in plan.batch))
+            tokens = sum(item.num_new for item in plan.batch)
+            self.clock.size(tokens)
             self._run(plan)
             self._observe(plan)
-            self.clock.end()
+            self.scheduler.cost.learn(tokens, self.clock.end())
 
     def _drain_inbox(self) -> None:
         while self._adds:

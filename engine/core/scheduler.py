@@ -18,6 +18,7 @@ from pydantic import BaseModel, Field
 from engine.core.kv_cache import BlockAllocator, OutOfBlocks
 from engine.core.sequence import Sequence, SeqStatus
 from engine.core.shuttle import ShuttleWindow
+from engine.core.step_cost import StepCost
 
 
 class PrefixStats(BaseModel):
@@ -113,11 +114,12 @@ class Scheduler:
 
     def __init__(
         self, allocator: BlockAllocator, max_num_seqs: int, max_batch_tokens: int, max_wait_s: float,
-        lone_after_s: float | None = None, fair: bool = True,
+        lone_after_s: float | None = None, fair: bool = True, cost: StepCost | None = None,
     ) -> None:
         self.allocator = allocator
         self.max_num_seqs = max_num_seqs
         self.max_batch_tokens = max_batch_tokens
+        self.cost = cost  # None: every step may hold max_batch_tokens
         self.fair = fair
         self.shuttle = ShuttleWindow(max_wait_s, max_batch_tokens, max_num_seqs, lone_after_s)
         self.waiting: deque[Sequence] = deque()
@@ -165,7 +167,10 @@ class Scheduler:
         # has the whole budget.
         share = self.max_batch_tokens if len(self.seen) <= 1 else \
             max(self.max_batch_tokens // max(len(self.seen), MAX_SHARES), 1)
-        step = _Step(self.max_batch_tokens, share)
+        budget = self.max_batch_tokens
+        if self.cost is not None:  # while sequences decode, a step holds what fits its target (engine.core.step_cost)
+            budget = self.cost.budget(budget, sum(1 for s in self.running if s.num_uncomputed == 1))
+        step = _Step(budget, share)
         # 1. every decoding sequence computes its one token, oldest first (blocks permitting)
         i = 0
         while i < len(self.running) and step.budget > 0:

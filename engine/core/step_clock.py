@@ -45,21 +45,23 @@ class StepClock:
     def size(self, tokens: int) -> None:
         self.tokens = tokens
 
-    def end(self, record: bool = True) -> None:
-        """The pass is over; `record=False` for a pass that planned nothing (its time teaches nothing)."""
+    def end(self, record: bool = True) -> float:
+        """The pass is over; `record=False` for a pass that planned nothing (its time teaches nothing). Returns
+        how long it took (0 when no pass was timed)."""
         started = self.started
         if started is None:
-            return
+            return 0.0
         took = time.monotonic() - started
         self.started = None
         if not record:
-            return
+            return took
         self.steps += 1
         self.recent_s = max(took, self.recent_s * DECAY)
         if self.tokens >= PREFILL_TOKENS:
             per_token = took / self.tokens
             self.s_per_token = per_token if not self._learned else max(per_token, self.s_per_token * DECAY)
             self._learned = True
+        return took
 
     def budget_s(self) -> float:
         """How long the current step may run before the engine counts as stuck."""

@@ -28,6 +28,8 @@ def serve_argv(group: InferenceGroup, spec: RoleSpec, *, model: str, host: str, 
         args.append("--no-prefix-cache")
     if e.scheduling != type(e).model_fields["scheduling"].default:
         args += ["--scheduling", e.scheduling]
+    if e.step_target_ms != type(e).model_fields["step_target_ms"].default:
+        args += ["--step-target-ms", str(e.step_target_ms or 0)]
     if e.max_client_tokens != type(e).model_fields["max_client_tokens"].default:
         args += ["--max-client-tokens", str(e.max_client_tokens)]
     if e.max_connections_per_address is not None:

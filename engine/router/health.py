@@ -52,7 +52,7 @@ class HealthMonitor:
         if ok:
             e.fails, e.passes = 0, e.passes + 1
             if not e.healthy and e.passes >= self.readmit_after:
-                e.healthy = True
+                e.readmit()
                 log.warning("router: re-admitted %s (%s)", e.endpoint.url, e.endpoint.role)
         else:
             e.passes, e.fails = 0, e.fails + 1
@@ -64,4 +64,5 @@ class HealthMonitor:
         """Passive ejection too: a connection failure while forwarding takes the endpoint out at once."""
         if e.healthy:
             log.warning("router: ejected %s (%s): %s", e.endpoint.url, e.endpoint.role, why)
-        e.healthy, e.passes = False, 0
+        e.eject()
+        e.passes = 0

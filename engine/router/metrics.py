@@ -10,6 +10,8 @@ from engine.metrics import LATENCY_BUCKETS
 LABELS = ("group", "version")
 STATUSES = ("ok", "error", "timeout", "rejected")  # a request's outcome (engine.router.proxy)
 MIGRATION_REASONS = ("disconnect", "stall", "truncated", "bad_event", "error_event")  # why a stream moved
+MIGRATION_STAGES = ("reopened", "first_token")  # from the break: another upstream answered; its first event relayed
+MIGRATION_BUCKETS = (0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0)
 
 
 class RouterMetrics:
@@ -31,6 +33,12 @@ class RouterMetrics:
         self._migrations = Counter("tideflow_router_migrations_total",
                                    "requests moved to another worker mid-answer, by the group they left and why",
                                    (*LABELS, "reason"), registry=r)
+        self.migration_s = Histogram(
+            "tideflow_router_migration_seconds", "a moved stream's pause, from the break seen to `stage`: where a "
+            "failover's time goes (reopened: the new upstream's response head came, after routing and connecting, "
+            "and on a PD group the prefill instance's work; first_token: its first token relayed, after its queue "
+            "and its prefill of prompt + answer so far)", ("group", "version", "stage"), buckets=MIGRATION_BUCKETS,
+            registry=r)
         self.unrouted = Counter("tideflow_router_unrouted_total", "requests no group could serve", registry=r)
         self.rate_limited = Counter("tideflow_router_rate_limited_total", "requests refused by the per-key limiter", registry=r)
         self.group_weight = Gauge("tideflow_router_group_weight", "traffic weight per group", LABELS, registry=r)

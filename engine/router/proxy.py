@@ -76,6 +76,7 @@ class Opened:
     body: bytes | None = None
     endpoints: list[EndpointState] = field(default_factory=list)
     stall_s: float | None = None  # the member beats (HEARTBEAT_HEADER): silence this long means it stopped
+    answered_at: float = field(default_factory=time.monotonic)  # when the upstream's response head came
 
 
 class OpenRequests:
@@ -300,7 +301,8 @@ class Proxy:
                 headers[CLIENT_HEADER] = client
             request = self.client.build_request("POST", url, content=content, timeout=timeout, headers=headers)
             try:
-                response = await self.client.send(request, stream=True)
+                response = await self._send_unless_ejected(target, request)
+                answered_at = time.monotonic()
             except httpx.TimeoutException:
                 raise UpstreamFailed(f"{url} did not answer within {timeout.read:.0f}s") from None
             except httpx.ConnectError as exc:
@@ -319,13 +321,14 @@ class Proxy:
                 stall_s = self.config.stall_timeout_s if HEARTBEAT_HEADER in response.headers else None
                 if not stream:
                     if not (watched and stall_s):
-                        return Opened(response, body=await response.aread(), endpoints=[target])
+                        return Opened(response, body=await response.aread(), endpoints=[target],
+                                      answered_at=answered_at)
                     async with asyncio.timeout(max(0.1, deadline - time.monotonic())):  # beats never end a wait
                         parts = [chunk async for chunk in _watched(response.aiter_bytes(), stall_s)]
-                    return Opened(response, body=b"".join(parts), endpoints=[target])
+                    return Opened(response, body=b"".join(parts), endpoints=[target], answered_at=answered_at)
                 head = await self._read_head(response, deadline, stall_s)
                 handed_over = True
-                return Opened(response, head=head, endpoints=[target], stall_s=stall_s)
+                return Opened(response, head=head, endpoints=[target], stall_s=stall_s, answered_at=answered_at)
             except UpstreamBroke as exc:  # a paced answer went silent: the member stopped (unless the router was late)
                 if exc.reason == "stall":
                     HealthMonitor.eject(target, str(exc))
@@ -367,6 +370,7 @@ class Proxy:
         status, migrations = "error", 0
         current: Opened | None = opened
         holding = True  # this request counts in `group.inflight`
+        broke: tuple[GroupState, float] | None = None  # the group a stream left and when, until its first new event
         try:
             async with asyncio.timeout(max(0.1, deadline - time.monotonic())):
                 while True:
@@ -375,6 +379,11 @@ class Proxy:
                         async for line in lines:
                             event = record.take(line)
                             if event is not None:
+                                if broke is not None:
+                                    left, at = broke
+                                    self.metrics.migration_s.labels(left.reg.name, left.reg.version,
+                                                                    "first_token").observe(time.monotonic() - at)
+                                    broke = None
                                 yield event
                         if not record.done:
                             raise UpstreamBroke("truncated", "the upstream stream ended before the request finished")
@@ -398,11 +407,15 @@ class Proxy:
                     self.metrics.migrations(group, reason).inc()
                     group.inflight -= 1
                     holding = False
+                    broke = (group, time.monotonic())
                     try:
                         group, current = await self._open_any(api, upstream, record, deadline, {group.reg.name})
                     except (UpstreamFailed, UpstreamRejected, APIError) as exc:  # APIError: the router is busy
                         raise StreamLost("error", f"{why}; migrating it failed: {exc}") from None
                     holding = True
+                    left, at = broke
+                    self.metrics.migration_s.labels(left.reg.name, left.reg.version, "reopened").observe(
+                        current.answered_at - at)
         except TimeoutError:
             status = "timeout"
             raise StreamLost("timeout", "request deadline passed") from None
@@ -412,6 +425,30 @@ class Proxy:
             if holding:
                 group.inflight -= 1
             self.metrics.observe(group, status, record)
+
+    async def _send_unless_ejected(self, target: EndpointState, request: httpx.Request) -> httpx.Response:
+        """The upstream's response head, unless the health monitor ejects the endpoint first: a member that
+        stopped before it sent its head (a decode member pulling KV, an engine hung on admission) sends no
+        heartbeat yet, and would otherwise be waited for until first_token_timeout_s."""
+        send = asyncio.ensure_future(self.client.send(request, stream=True))
+        ejected = asyncio.ensure_future(target.ejection())
+        try:
+            await asyncio.wait({send, ejected}, return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:  # this request was cancelled (its client left): so is its send
+            send.cancel()
+            raise
+        finally:
+            ejected.cancel()
+        if send.done():
+            return send.result()
+        send.cancel()
+        try:
+            late = await send
+        except (asyncio.CancelledError, httpx.HTTPError):
+            late = None
+        if late is not None:  # it answered as it was cancelled
+            await late.aclose()
+        raise UpstreamFailed(f"{request.url} was ejected by the health checks before it answered")
 
     @staticmethod
     async def _close(opened: Opened) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from typing import Annotated, Literal
 from urllib.parse import urlsplit
@@ -59,6 +60,19 @@ class EndpointState:
         self.inflight = 0
         self.queued_prefill_tokens = 0
         self.stats: dict = {}
+        self._ejected = asyncio.Event()  # set while ejected: requests waiting on its answer stop waiting
+
+    def eject(self) -> None:
+        self.healthy = False
+        self._ejected.set()
+
+    def readmit(self) -> None:
+        self.healthy = True
+        self._ejected = asyncio.Event()
+
+    async def ejection(self) -> None:
+        """Returns once this endpoint is ejected (at once if it is now)."""
+        await self._ejected.wait()
 
 
 class GroupState:

@@ -13,10 +13,11 @@ import uvicorn
 
 
 @contextlib.contextmanager
-def serve_in_thread(app, name: str = "asgi", **config) -> Iterator[str]:
+def serve_in_thread(app, name: str = "asgi", host: str = "127.0.0.1", port: int = 0, **config) -> Iterator[str]:
     """Yield the base URL once uvicorn answers; always stop the server and close the socket."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # the port is bound again once this server stops
+    sock.bind((host, port))
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", **config))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name=name, daemon=True)
     thread.start()
@@ -26,7 +27,7 @@ def serve_in_thread(app, name: str = "asgi", **config) -> Iterator[str]:
             if time.monotonic() > deadline or not thread.is_alive():
                 raise RuntimeError(f"{name}: uvicorn did not start")
             time.sleep(0.02)
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+        yield f"http://{host}:{sock.getsockname()[1]}"
     finally:
         server.should_exit = True
         thread.join(timeout=30)

@@ -16,6 +16,7 @@ from engine.model.paged import kv_bytes_per_block
 from engine.core.sampling import SamplingParams
 from engine.core.scheduler import MAX_SHARES, Scheduler
 from engine.core.sequence import Sequence, SeqStatus
+from engine.core.step_cost import MIN_CHUNK, StepCost
 from engine.tokenizer import Tokenizer
 
 
@@ -344,3 +345,34 @@ def test_a_step_closed_for_a_newcomer_is_never_followed_by_another():
         s.add(client_seq(f"c{i}", f"n{i}", 2, max_tokens=1, first=1000 + 10 * i), 0.0)
         got.append(step(s).get("l0", 0))
     assert got == [0, 8, 0, 8, 0, 8]
+
+
+def test_step_cost_is_learned_from_prefill_sized_steps_and_bounds_the_budget_only_while_sequences_decode():
+    cost = StepCost(target_s=0.25)
+    assert cost.budget(2048, decoding=32) == 2048  # nothing learned yet: the whole budget
+    cost.learn(tokens=8, took_s=0.2)  # a few decodes: mostly fixed overhead, teaches nothing
+    assert cost.s_per_token is None
+    cost.learn(tokens=1000, took_s=0.5)  # 0.5 ms a token
+    assert cost.budget(2048, decoding=32) == 500  # 250 ms at 0.5 ms a token
+    assert cost.budget(2048, decoding=0) == 2048  # nobody waits on the step
+    assert cost.budget(300, decoding=32) == 300  # never more than max_batch_tokens
+    assert cost.budget(2048, decoding=480) == 480 + MIN_CHUNK  # every decode, and a prompt still advances
+    cost.learn(tokens=1000, took_s=1.5)  # the host got slower (a rebuild loads beside it): the budget follows
+    assert cost.s_per_token == pytest.approx(0.8 * 0.0005 + 0.2 * 0.0015)
+    assert StepCost(target_s=None).budget(2048, decoding=32) == 2048  # off
+
+
+def test_while_sequences_decode_a_prompt_is_prefilled_in_steps_that_fit_the_target():
+    """Many prompts landing at once on a decoding engine (a failed member's moved requests) no longer make one long
+    step that stalls every stream: each step holds the decodes and what else fits the step target."""
+    cost = StepCost(target_s=0.01)
+    s = Scheduler(BlockAllocator(256, 4), 16, 512, 0.0, cost=cost)
+    for i in range(4):
+        s.add(seq(f"d{i}", 4, max_tokens=50, first=100 * i + 1), 0.0)
+    assert step(s) == {f"d{i}": 4 for i in range(4)}  # nothing decodes yet: the whole budget
+    cost.learn(tokens=100, took_s=0.1)  # 1 ms a token: a 10 ms step holds 10 tokens, at least decodes + MIN_CHUNK
+    s.add(seq("p", 200, max_tokens=2, first=900), 0.0)
+    assert step(s) == {**{f"d{i}": 1 for i in range(4)}, "p": MIN_CHUNK}
+    assert step(s) == {**{f"d{i}": 1 for i in range(4)}, "p": MIN_CHUNK}
+    cost.target_s = None  # off: the prompt takes what is left of max_batch_tokens at once
+    assert step(s) == {**{f"d{i}": 1 for i in range(4)}, "p": 200 - 2 * MIN_CHUNK}

@@ -100,6 +100,18 @@ def migrations(url: str, key: str) -> dict[str, float]:
     return by_reason
 
 
+def migration_pauses(url: str, key: str) -> dict[str, float]:
+    """How many moved streams tideflow_router_migration_seconds timed, by stage."""
+    text = httpx.get(url + "/metrics", headers={"authorization": f"Bearer {key}"}, trust_env=False, timeout=10).text
+    counts: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        if family.name == "tideflow_router_migration_seconds":
+            for s in family.samples:
+                if s.name.endswith("_count"):
+                    counts[s.labels["stage"]] = counts.get(s.labels["stage"], 0) + s.value
+    return counts
+
+
 def ready(*groups) -> None:
     for g in groups:
         assert g.wait_for({GroupState.READY, GroupState.FAILED}, 120) == GroupState.READY, g.status.events
@@ -136,6 +148,7 @@ def check(answers: list, want: list) -> None:
 def test_sigkill_a_colocated_member_mid_stream_loses_nothing(groupset, undisturbed):
     groups, want = undisturbed
     before = sum(migrations(groupset.url, groupset.client_key).values())
+    timed_before = migration_pauses(groupset.url, groupset.client_key)
     hit: list = []
     answers = asyncio.run(workload(groupset.url, groupset.client_key,
                                    lambda: hit.append(kill_busiest(groupset, groups, "colocated"))))
@@ -143,6 +156,9 @@ def test_sigkill_a_colocated_member_mid_stream_loses_nothing(groupset, undisturb
     moved = sum(migrations(groupset.url, groupset.client_key).values()) - before
     (name, held), = hit
     assert held >= 1 and moved >= 1, f"nothing migrated: {name} held {held} requests at the kill"
+    timed = migration_pauses(groupset.url, groupset.client_key)
+    for stage in ("reopened", "first_token"):  # every moved stream's pause is timed, to each stage
+        assert timed.get(stage, 0) - timed_before.get(stage, 0) == moved, (stage, timed, timed_before, moved)
     print(f"\nSIGKILL {name} holding {held} requests: {moved:.0f} migrated, {N} of {N} answers exact")
     ready(groups[name])  # rebuilt whole by its supervisor before the next test
 

@@ -97,6 +97,9 @@ class ReplayServer:
         self.used = [False] * len(self.exchanges)
         self.requests: list[dict[str, Any]] = []
         self.configmaps: dict[str, dict[str, Any]] = {}  # name -> ConfigMap: see _configmap
+        self.leases: dict[str, dict[str, Any]] = {}  # name -> Lease: see _lease
+        self.refuse_leases = False  # the API server is unreachable for Leases: every call answers 503
+        self._lease_version = 0  # the resourceVersion of the last Lease write
         self.closing = threading.Event()
         self._lock = threading.Lock()
         self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
@@ -161,6 +164,38 @@ class ReplayServer:
             return 200, have
         return status(404, "NotFound")
 
+    def _lease(self, method: str, path: str, body: Any) -> tuple[int, dict[str, Any]]:
+        """A hand-made, stateful stand-in for the Lease API (not a recording): get, create, and a replace that
+        the API server refuses with 409 Conflict unless it carries the resourceVersion now stored (optimistic
+        concurrency, as documented); every write gets a new resourceVersion."""
+        parts = path.strip("/").split("/")  # apis coordination.k8s.io v1 namespaces NS leases [NAME]
+        name = parts[6] if len(parts) > 6 else (body or {}).get("metadata", {}).get("name")
+        with self._lock:
+            have = self.leases.get(name)
+
+            def status(code: int, reason: str) -> tuple[int, dict[str, Any]]:
+                return code, {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": reason,
+                              "code": code, "message": f"leases.coordination.k8s.io {name!r} {reason}"}
+
+            if self.refuse_leases:
+                return status(503, "ServiceUnavailable")
+            self._lease_version += method in ("POST", "PUT")
+            stored = {**(body or {}), "apiVersion": "coordination.k8s.io/v1", "kind": "Lease"}
+            stored["metadata"] = {**stored.get("metadata", {}), "resourceVersion": str(self._lease_version)}
+            if method == "GET":
+                return (200, have) if have else status(404, "NotFound")
+            if method == "POST":
+                if have:
+                    return status(409, "AlreadyExists")
+                self.leases[name] = stored
+                return 201, stored
+            if method == "PUT" and have:
+                if (body.get("metadata") or {}).get("resourceVersion") != have["metadata"]["resourceVersion"]:
+                    return status(409, "Conflict")
+                self.leases[name] = stored
+                return 200, stored
+            return status(404, "NotFound")
+
     def _handler(self):
         replay = self
 
@@ -180,6 +215,8 @@ class ReplayServer:
                                         "content_type": self.headers.get("Content-Type"), "body": body})
                 if "/configmaps" in url.path:
                     return self._json(*replay._configmap(self.command, url.path, body))
+                if "/leases" in url.path:
+                    return self._json(*replay._lease(self.command, url.path, body))
                 exchange = replay._match(self.command, url.path, query, body)
                 if exchange is None:
                     status = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404,

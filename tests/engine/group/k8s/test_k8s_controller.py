@@ -19,6 +19,7 @@ from kubernetes import client
 
 import k8s_synthetic as synthetic  # loaded by conftest.py
 from engine.control.kube_store import CONFIGMAP, KubeStore, StoreError, secret_env
+from engine.control.leader import LeaseElector
 from engine.control.k8s_runtime import KubernetesRuntime
 from engine.control.runtime import ControllerConfig
 from engine.control.store import DesiredGroup
@@ -103,8 +104,8 @@ def test_a_fault_drill_kill_deletes_the_pod_at_once_and_sees_it_gone(replay, tmp
 
 
 def test_the_controller_role_allows_exactly_the_requests_it_sends(replay, tmp_path):
-    """Least privilege, checked against traffic: every request the backend and the store send in these
-    scenarios is allowed by the Role, and every verb the Role grants is used by one of them."""
+    """Least privilege, checked against traffic: every request the backend, the store and the leader election
+    send in these scenarios is allowed by the Role, and every verb the Role grants is used by one of them."""
     sent: list[dict] = []
     scenarios = [("apply", lambda b: b.start(GROUP)), ("ready", lambda b: b.wait_ready(HANDLE, 30)),
                  ("scale", lambda b: b.scale("demo", "prefill", 3)), ("stop", lambda b: b.stop(HANDLE, 0)),
@@ -118,6 +119,11 @@ def test_the_controller_role_allows_exactly_the_requests_it_sends(replay, tmp_pa
     store = KubeStore(api_for(server), NS)
     store.put_group(DesiredGroup(spec=GROUP, weight=1.0))
     KubeStore(api_for(server), NS).groups()
+    sent += server.sent()
+    server = replay()  # leader election: campaign (create), renew (get, update), hand over (get, update)
+    elector = LeaseElector(api_for(server), NS, "ctl-a")
+    assert elector.campaign() and elector.try_acquire_or_renew()
+    elector.release()
     sent += server.sent()
 
     role = next(d for d in yaml.safe_load_all(RBAC.read_text()) if d["kind"] == "Role")

@@ -66,7 +66,11 @@ def test_router_and_controller_commands_parse_and_meet():
     router_service = docs("router.yaml")[1]
     assert argv["controller"][argv["controller"].index("--router-url") + 1] == \
         f"http://{router_service['metadata']['name']}:{router_service['spec']['ports'][0]['port']}"
-    assert controller["spec"]["replicas"] == 1 and controller["spec"]["strategy"]["type"] == "Recreate"
+    # two replicas, one leads (the Lease); the Service sends requests only to the Ready one, the leader
+    container = controller["spec"]["template"]["spec"]["containers"][0]
+    assert controller["spec"]["replicas"] == 2 and container["readinessProbe"]["httpGet"]["path"] == "/ready"
+    pod_name = [e for e in container["env"] if e["name"] == "POD_NAME"]
+    assert pod_name and pod_name[0]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
 
 
 def test_monitors_have_required_structure_and_match_targets():
