@@ -74,13 +74,18 @@ def alive(pid: int | None) -> bool:
         return False
 
 
+class NotLanded(Exception):
+    """A fault that could not be injected (nothing to hit): not counted as injected."""
+
+
 class Fleet:
     """The controller process (started again after its own kill) and the release groups applied so far."""
 
     def __init__(self, home: Path, model_dir: Path) -> None:
         self.home, self.model_dir = home, model_dir
         self.port = free_port()
-        self.argv = tideflow_argv("controller", "--port", str(self.port), "--model-dir", str(model_dir))
+        self.argv = tideflow_argv("controller", "--port", str(self.port), "--router-replicas", "2",
+                                  "--model-dir", str(model_dir))
         self.controller = self._start_controller("controller")
         self.releases: list[str] = []  # release groups now applied, oldest first
         self.released = 0  # release groups applied in all (names are never reused)
@@ -114,21 +119,25 @@ class Fleet:
         if fault == "router":
             with control() as c:
                 hit = c.kill_router()
+            if not hit.landed:
+                raise NotLanded(f"router replica {hit.id} still runs after the kill")
             return f"router replica killed ({hit.id})"
         if fault == "release":
             return self._release()
         ready = self.ready_groups()
         if not ready:
-            return "no Ready group to hit"
+            raise NotLanded("no Ready group to hit")
         name = rng.choice(ready)
         if fault == "member-kill":
             with control() as c:
                 hit = c.kill(name, "colocated")
+            if not hit.landed:
+                raise NotLanded(f"{name}: member {hit.id} still runs after the kill")
             return f"{name}: member killed ({hit.id})"
         with control() as c:
             pids = [m.pid for m in c.group(name).members if m.pid]
         if not pids:
-            return f"{name}: no member pid to stop"
+            raise NotLanded(f"{name}: no member pid to stop")
         os.kill(pids[0], signal.SIGSTOP)
         threading.Timer(stop_s, _cont, args=(pids[0],)).start()
         return f"{name}: member pid {pids[0]} stopped for {stop_s:g}s"
@@ -224,7 +233,8 @@ def run(args: argparse.Namespace) -> int:
     os.environ["TIDEFLOW_HOME"] = str(home)
     model_dir = write_default_model(tmp / "model", DEFAULT_CONFIG if args.default else TINY_CONFIG, seed=0)
     fleet = Fleet(home, model_dir)
-    faults: list[tuple[float, str, str]] = []
+    faults: list[tuple[float, str, str]] = []  # (when, kind, what) of each fault that landed
+    missed: list[tuple[float, str, str]] = []  # ... and of each that could not be injected
     watch = ReadyWatch()
     report = None
     try:
@@ -259,11 +269,15 @@ def run(args: argparse.Namespace) -> int:
             schedule = schedule or rng.sample(FAULTS, len(FAULTS))
             fault = schedule.pop()
             try:
-                what = fleet.inject(fault, rng, args.stop_s)
-            except (ControlAPIError, discovery.NoController, OSError) as exc:
-                what = f"could not: {exc}"
-            faults.append((time.monotonic() - t0, fault, what))
-            print(f"{faults[-1][0]:6.1f}s {fault:12} {what}", file=sys.stderr)
+                what, landed = fleet.inject(fault, rng, args.stop_s), True
+            except (ControlAPIError, discovery.NoController, OSError, NotLanded) as exc:
+                what, landed = f"could not: {exc}", False
+            at = time.monotonic() - t0
+            print(f"{at:6.1f}s {fault:12} {what}", file=sys.stderr)
+            if landed:  # a fault that did not happen proves nothing: it is not counted
+                faults.append((at, fault, what))
+            else:
+                missed.append((at, fault, what))
         driver.join(args.duration_s + 300)
         report = result.get("report")
         watch.stop.set()
@@ -296,7 +310,7 @@ def run(args: argparse.Namespace) -> int:
     no_reason = sum(1 for r in report.requests if not r.ok and not r.error) if report else None
     print(f"\nchaos run on {host()}: {args.duration_s:g}s at {args.rate:g} req/s, seed {args.seed}, "
           f"{'default' if args.default else 'tiny'} model")
-    print(f"faults injected: {len(faults)} {dict(Counter(f for _, f, _ in faults))}")
+    print(f"faults injected: {len(faults)} {dict(Counter(f for _, f, _ in faults))}; could not inject: {len(missed)}")
     if report:
         print(f"requests: sent {report.sent}, completed {report.ok}, failed {report.error} "
               f"(reasons: {dict(reasons)}), still open {report.still_open}")
@@ -307,6 +321,7 @@ def run(args: argparse.Namespace) -> int:
         "unaccounted requests": unaccounted if unaccounted is not None else "no report",
         "failed without a reason": no_reason if no_reason is not None else "no report",
         "inexact answers": len(answered) - exact - unchecked,
+        "answers not replayed": unchecked,
         "Ready with a dead member > 2 s": len(watch.violations),
         "orphans after down": len(left)}
     for name, n in violations.items():

@@ -74,7 +74,13 @@ def controller_model_dir(tiny_model_dir):
 
 
 @pytest.fixture(scope="module")
-def controller(tideflow_home, controller_model_dir):
+def controller_args() -> list[str]:
+    """More `tideflow controller` flags for a module's controller (a module overrides this fixture)."""
+    return []
+
+
+@pytest.fixture(scope="module")
+def controller(tideflow_home, controller_model_dir, controller_args):
     """`tideflow controller` in its own process (as users run it); yields its client. Afterwards
     `tideflow down` stops the fleet, and no process of this home may be left."""
     from engine.control.client import ControlClient
@@ -83,7 +89,7 @@ def controller(tideflow_home, controller_model_dir):
 
     port = free_port()
     model = ["--model-dir", str(controller_model_dir)] if controller_model_dir is not None else []
-    argv = tideflow_argv("controller", "--port", str(port), *model)
+    argv = tideflow_argv("controller", "--port", str(port), *model, *controller_args)
     child = start_service("controller", argv, tideflow_home / "logs" / "controller.log",
                           f"http://127.0.0.1:{port}/health", timeout_s=120)
     client = ControlClient.connect()

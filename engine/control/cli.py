@@ -28,9 +28,10 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
     c.add_argument("--host", default="127.0.0.1", help="bind address of the API, the router and the members")
     c.add_argument("--port", type=int, default=0, help="control API port (default: the last one, else any free)")
     c.add_argument("--router-port", type=int, default=0, help="router port (default: the last one, else any free)")
-    c.add_argument("--router-replicas", type=int, default=2,
+    c.add_argument("--router-replicas", type=int, default=1,
                    help="local: router processes sharing the router port (SO_REUSEPORT); one that dies is started "
-                        "again and the others serve meanwhile")
+                        "again and the others serve meanwhile. Each keeps its own metrics and canary samples, "
+                        "which a scrape or the canary judge through the shared port reads from one replica only")
     c.add_argument("--model-dir", type=Path, default=None,
                    help="router tokenizer / default checkpoint (default: $TIDEFLOW_HOME/models/default, written if missing)")
     c.add_argument("--model-name", default="default", help="model id clients ask the router for")
@@ -121,7 +122,7 @@ def _controller(args: argparse.Namespace) -> int:
 
 def _lead(config) -> LeaseElector:
     """On Kubernetes: campaign for the controller's Lease, answering /health (alive) and /ready 503 (not the
-    leader) on the API's port meanwhile; returns once this replica holds it."""
+    leader) on the API's port meanwhile; returns once this replica holds it and its pod is labelled leader."""
     import socket
 
     from engine.control.api import create_standby_app
@@ -130,7 +131,7 @@ def _lead(config) -> LeaseElector:
     from engine.server.inproc import serve_in_thread
 
     identity = os.environ.get(POD_NAME_ENV) or socket.gethostname()
-    elector = LeaseElector(api_client(), config.namespace, identity)
+    elector = LeaseElector(api_client(), config.namespace, identity, pod=os.environ.get(POD_NAME_ENV))
     with serve_in_thread(create_standby_app(lambda: elector.holder), "controller-standby", host=config.host,
                          port=config.port):
         elector.campaign()

@@ -34,13 +34,17 @@ class Condition(BaseModel):
         return self.status == HEALTHY[self.type]
 
 
-def observe(status: GroupStatus, want: DesiredGroup, observed_weight: float, standby: bool,
+def observe(status: GroupStatus, want: DesiredGroup, weight: float, routed: float | None, standby: bool,
             retry_in_s: float | None, converge_error: str | None) -> list[tuple[ConditionType, str, str, str]]:
-    """(type, status, reason, message) of each condition, from what the supervisor reports and what is wanted."""
+    """(type, status, reason, message) of each condition, from what the supervisor reports, the weight the route
+    set gives the group (`routed`, None when it is not in it; `weight`: what it is to be routed at once serving),
+    and what is wanted."""
     state, last = status.state, status.events[-1].message if status.events else ""
     serving = state == GroupState.READY
-    if serving and observed_weight > 0:
-        available = ("True", "Serving", f"routed at weight {observed_weight:g}")
+    if serving and routed is None:
+        available = ("False", "NotRouted", "Ready, but not in the route set")
+    elif serving and routed > 0:
+        available = ("True", "Serving", f"routed at weight {routed:g}")
     elif serving:
         available = ("False", "ZeroWeight", "Ready but at weight 0: routed no traffic")
     elif state == GroupState.STANDBY:
@@ -62,8 +66,9 @@ def observe(status: GroupStatus, want: DesiredGroup, observed_weight: float, sta
     elif standby != want.standby:
         converged = ("False", "Parking" if want.standby else "Activating",
                      "wanted in standby, serving" if want.standby else "wanted serving, in standby")
-    elif observed_weight != want.weight:
-        converged = ("False", "Reweighting", f"weight {observed_weight:g}, wanted {want.weight:g}")
+    elif (routed if serving else weight) != want.weight:
+        now = routed if serving else weight
+        converged = ("False", "Reweighting", f"weight {'none' if now is None else f'{now:g}'}, wanted {want.weight:g}")
     else:
         converged = ("True", "AsDesired", "")
     return [("Available", *available), ("Progressing", *progressing), ("Failed", *failed), ("Converged", *converged)]

@@ -80,6 +80,7 @@ class Controller:
         self._acting: dict[str, threading.Thread] = {}
         self._acting_lock = threading.Lock()
         self._converge_failed: dict[str, tuple[str, float, float]] = {}  # name: (error, retry at, pause)
+        self._converging: list[threading.Thread] = []  # converge threads, joined on close
         self.conditions = ConditionBook()
         self.pools: dict[str, WarmPool] = {}
         self.autoscalers: dict[str, tuple[Autoscaler, SetObserver]] = {}
@@ -166,7 +167,8 @@ class Controller:
         name = g.spec.name
         if self._busy(name):
             return
-        if g.weight != want.weight:
+        if g.weight != want.weight or (g.status.state == GroupState.READY
+                                       and self.routes.weight_of(name) not in (None, want.weight)):
             g.weight = want.weight
             if g.status.state == GroupState.READY:
                 try:
@@ -184,10 +186,13 @@ class Controller:
 
         def run() -> None:
             try:
+                if not self._still_wanted(g, want.standby):  # a verb or a replacement switched it since the pass read
+                    return
                 took = switch()
             except BackendError as exc:
                 wait = min(max(2 * pause, 1.0), CONVERGE_RETRY_MAX_S)
-                self._converge_failed[name] = (f"{verb} failed: {exc}", time.monotonic() + wait, wait)
+                if self.manager.groups.get(name) is g:  # not for a group deleted meanwhile
+                    self._converge_failed[name] = (f"{verb} failed: {exc}", time.monotonic() + wait, wait)
                 self.store.event("converge", f"group {name}: {verb} failed ({exc}); trying again in {wait:g}s")
                 return
             finally:
@@ -198,8 +203,19 @@ class Controller:
 
         t = threading.Thread(target=run, name=f"converge-{name}", daemon=True)
         with self._acting_lock:
+            if name in self._acting:  # a verb claimed it since _busy looked: it does the switch
+                return
             self._acting[name] = t
+            self._converging = [c for c in self._converging if c.is_alive()] + [t]
         t.start()
+
+    def _still_wanted(self, g: ManagedGroup, standby: bool) -> bool:
+        """Whether spec + decision, read now, still want `g` switched to `standby` (it is still desired as it runs)."""
+        with self._desired_lock:
+            desired = self.store.groups().get(g.spec.name)
+            if desired is None or desired.spec != g.spec:
+                return False
+            return effective(desired, self.store.decisions().get(g.spec.name)).standby == standby
 
     def _busy(self, name: str) -> bool:
         with self._acting_lock:
@@ -227,7 +243,8 @@ class Controller:
             return
         _, at = self._retries.get(name, (0, None))
         failed = self._converge_failed.get(name)
-        self.conditions.record(name, observe(g.status, want, g.weight, g.status.state == GroupState.STANDBY,
+        self.conditions.record(name, observe(g.status, want, g.weight, self.routes.weight_of(name),
+                                             g.status.state == GroupState.STANDBY,
                                              None if at is None else max(0.0, at - time.monotonic()),
                                              failed[0] if failed else None))
 
@@ -638,6 +655,10 @@ class Controller:
         self.routes.close()
         if self._thread.is_alive():
             self._thread.join(timeout=30)
+        with self._acting_lock:
+            converging, self._converging = self._converging, []
+        for t in converging:  # no switch may still run while the groups are stopped (or left for the next controller)
+            t.join(timeout=60)
         for name in list(self.autoscalers):
             self.stop_autoscaler(name, forget=stop_fleet)
         if stop_fleet:

@@ -135,11 +135,11 @@ class RouterReplicas:
 
     def pids(self) -> list[int]:
         """The live replicas' pids, by slot."""
-        return [s.proc.pid for _, s in sorted(self._slots.items()) if s.proc is not None and s.proc.alive()]
+        return [s.proc.pid for _, s in sorted(list(self._slots.items())) if s.proc is not None and s.proc.alive()]
 
     def kill_one(self, confirm_s: float = 10.0) -> tuple[str, bool]:
         """SIGKILL the first live replica (a fault drill): (what was killed, whether it was seen gone)."""
-        live = [(slot, s.proc) for slot, s in sorted(self._slots.items()) if s.proc is not None and s.proc.alive()]
+        live = [(slot, s.proc) for slot, s in sorted(list(self._slots.items())) if s.proc is not None and s.proc.alive()]
         if not live:
             raise BackendError("no router replica runs: nothing to kill")
         slot, proc = live[0]

@@ -44,6 +44,12 @@ class RouteTable:
             if self._regs.pop(name, None) is not None:
                 self._bump(name)
 
+    def weight_of(self, name: str) -> float | None:
+        """The weight the routers are given for `name`; None when it is not in the route set."""
+        with self._cond:
+            reg = self._regs.get(name)
+            return None if reg is None else reg.weight
+
     def set_weights(self, weights: dict[str, float]) -> dict[str, float]:
         with self._cond:
             unknown = sorted(set(weights) - set(self._regs))

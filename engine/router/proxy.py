@@ -434,20 +434,14 @@ class Proxy:
         ejected = asyncio.ensure_future(target.ejection())
         try:
             await asyncio.wait({send, ejected}, return_when=asyncio.FIRST_COMPLETED)
-        except BaseException:  # this request was cancelled (its client left): so is its send
-            send.cancel()
+            if send.done():
+                return send.result()
+        except BaseException:  # this request was cancelled (its client left, its deadline passed): so is its send
+            await _abandon(send)
             raise
         finally:
             ejected.cancel()
-        if send.done():
-            return send.result()
-        send.cancel()
-        try:
-            late = await send
-        except (asyncio.CancelledError, httpx.HTTPError):
-            late = None
-        if late is not None:  # it answered as it was cancelled
-            await late.aclose()
+        await _abandon(send)
         raise UpstreamFailed(f"{request.url} was ejected by the health checks before it answered")
 
     @staticmethod
@@ -542,3 +536,12 @@ def _block_hashes(tokens: list[int], block_size: int, extras: dict[int, bytes] |
 
 def _fail(why: str):
     raise UpstreamFailed(why)
+
+
+async def _abandon(send: asyncio.Future) -> None:
+    """Cancel an upstream send and close the response it got if it answered anyway. asyncio.wait, not await: a
+    cancellation of the caller's own task goes through, it is not taken for the send's."""
+    send.cancel()
+    await asyncio.wait({send})
+    if not send.cancelled() and send.exception() is None:
+        await send.result().aclose()

@@ -23,6 +23,12 @@ from engine.process import start_service, start_ticks, tideflow_argv
 
 
 @pytest.fixture(scope="module")
+def controller_args() -> list[str]:
+    """Two router replicas on one port: the kill and restart tests below need a survivor."""
+    return ["--router-replicas", "2"]
+
+
+@pytest.fixture(scope="module")
 def spec(tiny_model_dir):
     return InferenceGroup.model_validate({
         "name": "ctl-a", "version": "v1", "model": {"path": str(tiny_model_dir)},
@@ -238,7 +244,7 @@ def test_the_fleet_lease_admits_one_changing_run_at_a_time(controller):
     assert controller.release_lease("run-b 2") is True
 
 
-def test_sigkill_controller_under_load_loses_nothing_and_readopts(serving, spec, tideflow_home, request):
+def test_sigkill_controller_under_load_loses_nothing_and_readopts(serving, spec, tideflow_home, request, controller_args):
     """Last in this module: it ends with the restarted controller stopped (the module's `down` then stops the fleet).
     The restart names no port: the controller takes its recorded one back (the old one's connections linger in
     TIME-WAIT), so the router watching that URL is kept, with every member."""
@@ -272,7 +278,7 @@ def test_sigkill_controller_under_load_loses_nothing_and_readopts(serving, spec,
         os.kill(info.pid, signal.SIGKILL)
         time.sleep(2.0)  # load keeps flowing with no controller at all
         served_without = len(results)
-        argv = tideflow_argv("controller", "--model-dir", str(spec.model.path))
+        argv = tideflow_argv("controller", "--model-dir", str(spec.model.path), *controller_args)
         second = start_service("controller-2", argv, tideflow_home / "logs" / "controller-2.log",
                                controller.url + "/health", timeout_s=120)
         request.addfinalizer(lambda: second.stop(grace_s=60))  # SIGTERM: the fleet stays for `tideflow down`

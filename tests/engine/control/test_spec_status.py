@@ -89,9 +89,8 @@ def test_a_park_that_failed_is_tried_again_until_the_group_runs_as_desired(fleet
     with pytest.raises(ControlError, match="park failed"):
         controller.apply(ApplyGroup(spec=group_spec("drift"), weight=1.0, standby=True))
     assert controller.store.groups()["drift"].standby is True  # what the user asked stays asked
-    controller.reconcile()
-    assert controller.manager.groups["drift"].status.state == GroupState.READY
-    assert condition(controller, "drift", "Converged").reason in ("Parking", "ConvergeFailed")
+    controller.reconcile()  # a converge thread parks it (and fails once more): it may already be Draining
+    assert condition(controller, "drift", "Converged").reason in ("Parking", "ConvergeFailed", "NotSettled")
     deadline = time.monotonic() + 20
     seen_failed = False
     while controller.manager.groups["drift"].status.state != GroupState.STANDBY:

@@ -88,28 +88,26 @@ async def workload(url: str, key: str, when_streaming=None, chunks: int = 3) -> 
         await client.close()
 
 
-def migrations(url: str, key: str) -> dict[str, float]:
-    """tideflow_router_migrations_total by reason, read from the router's /metrics."""
+def router_sums(url: str, key: str, family_name: str, sample_suffix: str, label: str) -> dict[str, float]:
+    """The router's `family_name` samples ending in `sample_suffix`, summed by `label`, from its /metrics."""
     text = httpx.get(url + "/metrics", headers={"authorization": f"Bearer {key}"}, trust_env=False, timeout=10).text
-    by_reason: dict[str, float] = {}
+    sums: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
-        if family.name == "tideflow_router_migrations":
+        if family.name == family_name:
             for s in family.samples:
-                if s.name.endswith("_total"):
-                    by_reason[s.labels["reason"]] = by_reason.get(s.labels["reason"], 0) + s.value
-    return by_reason
+                if s.name.endswith(sample_suffix):
+                    sums[s.labels[label]] = sums.get(s.labels[label], 0) + s.value
+    return sums
+
+
+def migrations(url: str, key: str) -> dict[str, float]:
+    """tideflow_router_migrations_total by reason."""
+    return router_sums(url, key, "tideflow_router_migrations", "_total", "reason")
 
 
 def migration_pauses(url: str, key: str) -> dict[str, float]:
     """How many moved streams tideflow_router_migration_seconds timed, by stage."""
-    text = httpx.get(url + "/metrics", headers={"authorization": f"Bearer {key}"}, trust_env=False, timeout=10).text
-    counts: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        if family.name == "tideflow_router_migration_seconds":
-            for s in family.samples:
-                if s.name.endswith("_count"):
-                    counts[s.labels["stage"]] = counts.get(s.labels["stage"], 0) + s.value
-    return counts
+    return router_sums(url, key, "tideflow_router_migration_seconds", "_count", "stage")
 
 
 def ready(*groups) -> None:

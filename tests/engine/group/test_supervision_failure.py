@@ -23,7 +23,8 @@ class _BrokenBackend:
 
 
 def test_an_unexpected_error_in_supervision_ends_the_group_failed_with_its_reason():
-    """It used to kill the supervisor thread and leave the group Starting for ever."""
+    """An unexpected error must not kill the supervisor thread and leave the group Starting for ever (kept from
+    the removed status-file tests: this is what they also covered)."""
     spec = InferenceGroup.model_validate({"name": "broken", "version": "v1", "model": {"path": "unused"},
                                           "roles": [{"role": "colocated"}]})
     policy = SupervisionPolicy(max_restarts=1, backoff_s=0.0, poll_s=0.01)

@@ -100,6 +100,7 @@ class ReplayServer:
         self.leases: dict[str, dict[str, Any]] = {}  # name -> Lease: see _lease
         self.refuse_leases = False  # the API server is unreachable for Leases: every call answers 503
         self._lease_version = 0  # the resourceVersion of the last Lease write
+        self.pod_labels: dict[str, dict[str, str]] = {}  # pod name -> labels merged by PATCH: see _pod_patch
         self.closing = threading.Event()
         self._lock = threading.Lock()
         self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
@@ -196,6 +197,16 @@ class ReplayServer:
                 return 200, stored
             return status(404, "NotFound")
 
+    def _pod_patch(self, path: str, body: Any) -> tuple[int, dict[str, Any]]:
+        """A hand-made stand-in for a merge patch of a pod's labels (not a recording): the labels are kept, and
+        the answer is the pod's metadata as the API server would hold it after the patch."""
+        name = path.strip("/").split("/")[5]  # api v1 namespaces NS pods NAME
+        with self._lock:
+            labels = self.pod_labels.setdefault(name, {})
+            labels.update((body or {}).get("metadata", {}).get("labels", {}))
+            return 200, {"apiVersion": "v1", "kind": "Pod",
+                         "metadata": {"name": name, "namespace": k8s_synthetic.NS, "labels": dict(labels)}}
+
     def _handler(self):
         replay = self
 
@@ -217,6 +228,8 @@ class ReplayServer:
                     return self._json(*replay._configmap(self.command, url.path, body))
                 if "/leases" in url.path:
                     return self._json(*replay._lease(self.command, url.path, body))
+                if self.command == "PATCH" and "/pods/" in url.path:
+                    return self._json(*replay._pod_patch(url.path, body))
                 exchange = replay._match(self.command, url.path, query, body)
                 if exchange is None:
                     status = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404,

@@ -120,8 +120,8 @@ def test_the_controller_role_allows_exactly_the_requests_it_sends(replay, tmp_pa
     store.put_group(DesiredGroup(spec=GROUP, weight=1.0))
     KubeStore(api_for(server), NS).groups()
     sent += server.sent()
-    server = replay()  # leader election: campaign (create), renew (get, update), hand over (get, update)
-    elector = LeaseElector(api_for(server), NS, "ctl-a")
+    server = replay()  # leader election: campaign (create), renew (get, update), hand over (get, update), the label
+    elector = LeaseElector(api_for(server), NS, "ctl-a", pod="tideflow-controller-abc")
     assert elector.campaign() and elector.try_acquire_or_renew()
     elector.release()
     sent += server.sent()

@@ -10,6 +10,7 @@ import pytest
 import yaml
 from prefect.utilities.templating import apply_values, find_placeholders
 
+from engine.control.leader import LEADER_LABEL
 from engine.group.k8s.manifests import render
 from engine.group.spec import InferenceGroup
 
@@ -31,7 +32,8 @@ def test_core_manifests_validate(name, k8s_validate):
 def test_services_select_their_pods_and_accounts_exist(name, account):
     deployment, service = docs(name)[:2]
     pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
-    assert service["spec"]["selector"].items() <= pod_labels.items()
+    static = {k: v for k, v in service["spec"]["selector"].items() if k != LEADER_LABEL}  # the leader sets that one
+    assert static.items() <= pod_labels.items()
     assert deployment["spec"]["template"]["spec"]["serviceAccountName"] == account
     assert account in {d["metadata"]["name"] for d in docs("rbac.yaml") if d["kind"] == "ServiceAccount"}
 
@@ -66,9 +68,12 @@ def test_router_and_controller_commands_parse_and_meet():
     router_service = docs("router.yaml")[1]
     assert argv["controller"][argv["controller"].index("--router-url") + 1] == \
         f"http://{router_service['metadata']['name']}:{router_service['spec']['ports'][0]['port']}"
-    # two replicas, one leads (the Lease); the Service sends requests only to the Ready one, the leader
+    # two replicas, one leads (the Lease) and labels its pod, and only that label routes: a candidate is Ready
+    # (a rolling update waits for its new pod to be Ready, while the old leader still holds the Lease)
     container = controller["spec"]["template"]["spec"]["containers"][0]
-    assert controller["spec"]["replicas"] == 2 and container["readinessProbe"]["httpGet"]["path"] == "/ready"
+    assert controller["spec"]["replicas"] == 2 and container["readinessProbe"]["httpGet"]["path"] == "/health"
+    assert controller_service["spec"]["selector"][LEADER_LABEL] == "true"
+    assert LEADER_LABEL not in controller["spec"]["selector"]["matchLabels"]  # both replicas are the Deployment's
     pod_name = [e for e in container["env"] if e["name"] == "POD_NAME"]
     assert pod_name and pod_name[0]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
 

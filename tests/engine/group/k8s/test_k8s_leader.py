@@ -11,7 +11,7 @@ import threading
 from kubernetes import client
 
 import k8s_synthetic as synthetic  # loaded by conftest.py
-from engine.control.leader import LeaseConfig, LeaseElector
+from engine.control.leader import LEADER_LABEL, LeaseConfig, LeaseElector
 
 NS = synthetic.NS
 FAST = LeaseConfig(duration_s=3, renew_deadline_s=0.4, retry_s=0.05)
@@ -27,7 +27,7 @@ class Clock:
 
 def elector(server, identity: str, clock=None, config: LeaseConfig = LeaseConfig()) -> LeaseElector:
     return LeaseElector(client.ApiClient(client.Configuration(host=server.url)), NS, identity, config,
-                        **({"clock": clock} if clock else {}))
+                        **({"clock": clock} if clock else {}), pod=f"pod-{identity}")
 
 
 def test_one_candidate_leads_and_the_other_takes_over_only_once_the_lease_lapsed(replay):
@@ -72,22 +72,41 @@ def test_two_candidates_racing_for_a_lapsed_lease_cannot_both_win(replay):
     assert server.leases["tideflow-controller"]["spec"]["holderIdentity"] == "ctl-0"
 
 
-def test_a_clean_stop_hands_the_lease_over_at_once(replay):
+def test_a_clean_stop_hands_the_lease_over_at_once_and_the_service_follows_the_label(replay):
+    """The controller Service selects LEADER_LABEL=true: the leader's pod carries it, a candidate's does not, and
+    a leader that stops takes it off before it hands the Lease over."""
     server = replay()
     a, b = elector(server, "ctl-a"), elector(server, "ctl-b")
-    assert a.try_acquire_or_renew() and not b.try_acquire_or_renew()
+    server.pod_labels["pod-ctl-b"] = {LEADER_LABEL: "true"}  # b led from this pod before it restarted
+    assert a.campaign()
+    assert not b.campaign(stop=_stopped_after(0.3))  # a holds it: b keeps campaigning until told to stop
+    assert server.pod_labels == {"pod-ctl-a": {LEADER_LABEL: "true"}, "pod-ctl-b": {LEADER_LABEL: "false"}}
     a.release()
+    assert server.pod_labels["pod-ctl-a"] == {LEADER_LABEL: "false"}
     assert server.leases["tideflow-controller"]["spec"].get("holderIdentity") is None
-    assert b.try_acquire_or_renew()  # no waiting out the 15 s
+    assert b.campaign()  # no waiting out the 15 s
+    assert server.pod_labels["pod-ctl-b"] == {LEADER_LABEL: "true"}
 
 
-def test_a_leader_that_cannot_renew_gives_up_before_its_lease_lapses(replay):
-    server = replay()
+def _stopped_after(s: float) -> threading.Event:
+    stop = threading.Event()
+    threading.Timer(s, stop.set).start()
+    return stop
+
+
+def kept(server) -> tuple[LeaseElector, threading.Event, list[str]]:
+    """A leader renewing on its thread: (it, set once it gave up, why)."""
     leader = elector(server, "ctl-a", config=FAST)
     assert leader.campaign()
     lost = threading.Event()
     reasons: list[str] = []
     leader.keep(on_lost=lambda why: (reasons.append(why), lost.set()))
+    return leader, lost, reasons
+
+
+def test_a_leader_that_cannot_renew_gives_up_before_its_lease_lapses(replay):
+    server = replay()
+    leader, lost, reasons = kept(server)
     assert not lost.wait(0.5)  # renewing well
     server.refuse_leases = True  # the API server is gone for this replica
     assert lost.wait(10), "the leader kept acting without its Lease"
@@ -97,11 +116,7 @@ def test_a_leader_that_cannot_renew_gives_up_before_its_lease_lapses(replay):
 
 def test_a_leader_that_sees_another_holder_gives_up_at_once(replay):
     server = replay()
-    leader = elector(server, "ctl-a", config=FAST)
-    assert leader.campaign()
-    lost = threading.Event()
-    reasons: list[str] = []
-    leader.keep(on_lost=lambda why: (reasons.append(why), lost.set()))
+    leader, lost, reasons = kept(server)
     server.leases["tideflow-controller"]["spec"]["holderIdentity"] = "ctl-b"  # taken (a partition healed late)
     server.leases["tideflow-controller"]["metadata"]["resourceVersion"] = "999"
     assert lost.wait(10) and "ctl-b holds the Lease" in reasons[0]
