@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -137,6 +138,7 @@ def run_mode(replicas: int, model_dir: Path, args: argparse.Namespace) -> dict:
                 controller.down()
     finally:
         ctl.stop(grace_s=120)
+        shutil.rmtree(home, ignore_errors=True)
 
 
 def main() -> None:
@@ -149,7 +151,10 @@ def main() -> None:
     args = ap.parse_args()
     model_dir = Path(tempfile.mkdtemp(prefix="tideflow-rk-model-"))
     write_default_model(model_dir, DEFAULT_CONFIG if args.default else TINY_CONFIG)
-    rows = [run_mode(n, model_dir, args) for n in (1, 2)]
+    try:
+        rows = [run_mode(n, model_dir, args) for n in (1, 2)]
+    finally:
+        shutil.rmtree(model_dir, ignore_errors=True)
     print(f"router SIGKILL under load on {host()}: {args.streams} streams + {args.calls} non-streamed calls in "
           f"flight, {args.after} new requests right after ({'default' if args.default else 'tiny'} model)")
     headers = list(rows[0])
