@@ -15,8 +15,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 
 from engine.control.conditions import ConditionBook, observe
 from engine.control.metrics import CanaryGauge, ControllerMetrics, FleetSnapshot
@@ -27,6 +26,7 @@ from engine.control.routes import RouteTable
 from engine.control.local_runtime import LocalRuntime
 from engine.control.runtime import ControllerConfig, Runtime
 from engine.control.store import DesiredGroup, GroupDecision, effective
+from engine.control.switch_claims import SwitchClaims
 from engine.group.backend import BackendError
 from engine.group.manager import GroupManager, GroupState, ManagedGroup
 from engine.group.spec import InferenceGroup
@@ -75,12 +75,8 @@ class Controller:
         self._retries: dict[str, tuple[int, float]] = {}  # Failed but desired: (retries so far, next try at)
         self._stop = threading.Event()
         self._stoppers: dict[str, threading.Thread] = {}
-        # who is switching a group between serving and standby now (a verb, a replacement, or reconcile's own
-        # converge thread): reconcile leaves such a group alone until it is done
-        self._acting: dict[str, threading.Thread] = {}
-        self._acting_lock = threading.Lock()
+        self.claims = SwitchClaims()  # who switches a group between serving and standby now
         self._converge_failed: dict[str, tuple[str, float, float]] = {}  # name: (error, retry at, pause)
-        self._converging: list[threading.Thread] = []  # converge threads, joined on close
         self.conditions = ConditionBook()
         self.pools: dict[str, WarmPool] = {}
         self.autoscalers: dict[str, tuple[Autoscaler, SetObserver]] = {}
@@ -165,7 +161,7 @@ class Controller:
         that doubles up to CONVERGE_RETRY_MAX_S, and shows meanwhile as Converged=False with its error. A park
         runs on a thread of its own (it drains); a group someone else is switching is left alone."""
         name = g.spec.name
-        if self._busy(name):
+        if self.claims.busy(name):
             return
         if g.weight != want.weight or (g.status.state == GroupState.READY
                                        and self.routes.weight_of(name) not in (None, want.weight)):
@@ -196,18 +192,12 @@ class Controller:
                 self.store.event("converge", f"group {name}: {verb} failed ({exc}); trying again in {wait:g}s")
                 return
             finally:
-                self._release(name)
+                self.claims.release(name)
             self._converge_failed.pop(name, None)
             done = "parked" if want.standby else "activated"
             self.store.event("converge", f"group {name}: {done} to match desired state ({took:.2f}s)")
 
-        t = threading.Thread(target=run, name=f"converge-{name}", daemon=True)
-        with self._acting_lock:
-            if name in self._acting:  # a verb claimed it since _busy looked: it does the switch
-                return
-            self._acting[name] = t
-            self._converging = [c for c in self._converging if c.is_alive()] + [t]
-        t.start()
+        self.claims.start(name, run)  # not when a verb claimed it since busy() looked: that verb does the switch
 
     def _still_wanted(self, g: ManagedGroup, standby: bool) -> bool:
         """Whether spec + decision, read now, still want `g` switched to `standby` (it is still desired as it runs)."""
@@ -216,25 +206,6 @@ class Controller:
             if desired is None or desired.spec != g.spec:
                 return False
             return effective(desired, self.store.decisions().get(g.spec.name)).standby == standby
-
-    def _busy(self, name: str) -> bool:
-        with self._acting_lock:
-            return name in self._acting
-
-    @contextmanager
-    def _acting_on(self, name: str) -> Iterator[None]:
-        """This thread switches `name` between serving and standby: reconcile keeps off it meanwhile."""
-        with self._acting_lock:
-            self._acting[name] = threading.current_thread()
-        try:
-            yield
-        finally:
-            self._release(name)
-
-    def _release(self, name: str) -> None:
-        with self._acting_lock:
-            if self._acting.get(name) is threading.current_thread():
-                del self._acting[name]
 
     def _observe(self, name: str, want: DesiredGroup) -> None:
         """Record the group's conditions for this pass (caller holds the lock)."""
@@ -275,7 +246,7 @@ class Controller:
         for g in list(self.manager.groups.values()):
             if g is fallen or g.status.state != GroupState.STANDBY or _shape(g.spec) != same:
                 continue
-            with self._acting_on(g.spec.name):
+            with self.claims.holding(g.spec.name):
                 g.weight = fallen.weight
                 try:
                     took = g.activate()
@@ -325,15 +296,12 @@ class Controller:
             # switched here, claimed before the lock is let go (else a reconcile pass would start the same switch);
             # when a converge thread already switches it, that thread does this apply's work
             switch = body.standby == (g.status.state == GroupState.READY) and g.status.state in _SETTLED
-            with self._acting_lock:
-                switch = switch and name not in self._acting
-                if switch:
-                    self._acting[name] = threading.current_thread()
+            switch = switch and self.claims.claim(name)
         if switch:
             try:
                 self._switch(g, body.standby)
             finally:
-                self._release(name)
+                self.claims.release(name)
         return self.view(name)
 
     def delete(self, name: str, drain_s: float = 10.0) -> None:
@@ -385,12 +353,12 @@ class Controller:
 
     def activate(self, name: str) -> float:
         g = self._group(name)
-        with self._acting_on(name):
+        with self.claims.holding(name):
             return self._switch(g, standby=False)
 
     def park(self, name: str, drain_s: float = 30.0) -> float:
         g = self._group(name)
-        with self._acting_on(name):
+        with self.claims.holding(name):
             return self._switch(g, standby=True, drain_s=drain_s)
 
     def _switch(self, g: ManagedGroup, standby: bool, drain_s: float = 30.0) -> float:
@@ -655,10 +623,7 @@ class Controller:
         self.routes.close()
         if self._thread.is_alive():
             self._thread.join(timeout=30)
-        with self._acting_lock:
-            converging, self._converging = self._converging, []
-        for t in converging:  # no switch may still run while the groups are stopped (or left for the next controller)
-            t.join(timeout=60)
+        self.claims.join(timeout_s=60)  # no switch may still run while the groups stop (or are left for the next one)
         for name in list(self.autoscalers):
             self.stop_autoscaler(name, forget=stop_fleet)
         if stop_fleet:
