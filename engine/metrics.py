@@ -29,9 +29,17 @@ class MetricFactory:
     def counter(self, name: str, doc: str) -> Counter:
         return Counter(f"tideflow_{name}", doc, CONST_LABELS, registry=self.registry).labels(**self.const)
 
-    def labelled_counter(self, name: str, doc: str, label: str):
-        """A counter with one free label (e.g. status); call `.labels(value)` on the result."""
-        parent = Counter(f"tideflow_{name}", doc, (*CONST_LABELS, label), registry=self.registry)
+    def labelled_counter(self, name: str, doc: str, *labels: str):
+        """A counter with free labels (e.g. status); call `.labels(*values)` on the result."""
+        parent = Counter(f"tideflow_{name}", doc, (*CONST_LABELS, *labels), registry=self.registry)
+        return _Bound(parent, self.const)
+
+    def labelled_gauge(self, name: str, doc: str, *labels: str):
+        parent = Gauge(f"tideflow_{name}", doc, (*CONST_LABELS, *labels), registry=self.registry)
+        return _Bound(parent, self.const)
+
+    def labelled_histogram(self, name: str, doc: str, *labels: str, buckets=LATENCY_BUCKETS):
+        parent = Histogram(f"tideflow_{name}", doc, (*CONST_LABELS, *labels), buckets=buckets, registry=self.registry)
         return _Bound(parent, self.const)
 
     def render(self) -> tuple[bytes, str]:
@@ -40,11 +48,11 @@ class MetricFactory:
 
 
 class _Bound:
-    def __init__(self, parent: Counter, const: dict[str, str]) -> None:
+    def __init__(self, parent: Counter | Gauge | Histogram, const: dict[str, str]) -> None:
         self.parent, self.const = parent, const
 
-    def labels(self, value: str):
-        return self.parent.labels(*self.const.values(), value)
+    def labels(self, *values: str):
+        return self.parent.labels(*self.const.values(), *values)
 
 
 class ServingMetrics:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import gc
 import logging
 import sys
@@ -49,6 +50,14 @@ def add_commands(subparsers) -> None:
     p.add_argument("--max-client-tokens", type=int,
                    help="most prompt + max_tokens one client (API key) may have open here (429 beyond); 0 = no cap")
     p.add_argument("--no-prefix-cache", action="store_true", help="do not reuse KV blocks of shared prompt prefixes")
+    tiers = p.add_argument_group("KV tiers", "keep evicted KV blocks in host memory, on disk and in a shared store, and "
+                                              "load a prompt's blocks from there instead of computing them")
+    tiers.add_argument("--kv-host-bytes", type=int, help="G2: host memory for offloaded blocks; turns the tiers on")
+    tiers.add_argument("--kv-disk-path", help="G3: a local directory for offloaded blocks")
+    tiers.add_argument("--kv-disk-bytes", type=int, help="G3: most bytes kept in --kv-disk-path (default 8 GiB)")
+    tiers.add_argument("--kv-store-url", help="G4: s3://bucket/prefix/ or file:///dir/ shared by the fleet")
+    tiers.add_argument("--kv-tiers", help="every tier knob (KVTierConfig) as JSON or a JSON file path; the flags "
+                                          "above override its fields")
     p.add_argument("--scheduling", choices=["fair", "fcfs"],
                    help="fair (default): clients (API keys) share steps, slots and KV by tokens served; fcfs: arrival order")
     p.add_argument("--max-body-bytes", type=int, default=8 << 20, help="largest request body accepted (413 above)")
@@ -95,7 +104,26 @@ def engine_config(args: argparse.Namespace):
         given["enable_prefix_cache"] = False
     if args.step_target_ms is not None:
         given["step_target_ms"] = args.step_target_ms or None
-    return EngineConfig(model_name=args.served_model_name or Path(args.model).resolve().name, **given)
+    tiers = kv_tier_fields(args)
+    if tiers:
+        given["kv_tiers"] = tiers
+    return EngineConfig(model_name=args.served_model_name or Path(args.model).resolve().name,
+                        version=args.metrics_version, **given)
+
+
+def kv_tier_fields(args: argparse.Namespace) -> dict:
+    """The KV tier knobs given, --kv-tiers' JSON under the single flags; empty when none were."""
+    fields = {}
+    if args.kv_tiers:
+        text = Path(args.kv_tiers).read_text() if not args.kv_tiers.lstrip().startswith("{") else args.kv_tiers
+        fields = json.loads(text)
+        if not isinstance(fields, dict):
+            raise ValueError("--kv-tiers must be a JSON object of KVTierConfig fields")
+    for flag, name in (("kv_host_bytes", "host_bytes"), ("kv_disk_path", "disk_path"), ("kv_disk_bytes", "disk_bytes"),
+                       ("kv_store_url", "store_url")):
+        if getattr(args, flag) is not None:
+            fields[name] = getattr(args, flag)
+    return fields
 
 
 def member_connection_limits(args: argparse.Namespace, config: EngineKnobs) -> ConnectionLimits:
@@ -152,6 +180,8 @@ def serve(args: argparse.Namespace) -> int:
         startup_ops(arch_for(resolve_device(config.device)), args.kernels)
         metrics = ServingMetrics(MetricFactory(group=args.metrics_group, version=args.metrics_version, role=args.role))
         dep = dep_serve_config(args)
+        if dep is not None and config.kv_tiers is not None:
+            raise ValueError("KV tiers serve a single-rank engine; a DEP instance (--dep-size > 1) runs without them")
         if dep is not None:
             from engine.parallel.serving import build_dep_engine
 

@@ -1,4 +1,4 @@
-"""Session-wide fixtures: model checkpoints written once per test session."""
+"""Session-wide fixtures: model checkpoints written once per test session, and a moto S3 server over HTTP."""
 
 from __future__ import annotations
 
@@ -11,12 +11,39 @@ import pytest
 
 from engine.default_model import DEFAULT_CONFIG, TINY_CONFIG, write_default_model
 from engine.process import start_ticks
+from harness.moto import start_moto
 from tideflow_kernels.spec import KERNELS_ENV
 
 # Members started by tests use a kernel build only where a test made one (tests/kernels, the release flow):
 # greedy outputs are compared with in-process references on torch's ops, and compiling in every module's
 # private home would cost ~20 s each. tests/kernels/test_startup.py covers the default (auto) build.
 os.environ.setdefault(KERNELS_ENV, "cached")
+
+_AWS_ENV = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_DEFAULT_REGION": "us-east-1",
+    "AWS_CONFIG_FILE": os.devnull,
+    "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
+}
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint(tmp_path_factory):
+    """A moto S3 server in its own process on 127.0.0.1; env points boto3 (and children) at it."""
+    saved = {k: os.environ.get(k) for k in [*_AWS_ENV, "TIDEFLOW_S3_ENDPOINT_URL", "AWS_PROFILE"]}
+    server, endpoint = start_moto(tmp_path_factory.mktemp("moto") / "server.log", timeout_s=60)
+    try:
+        os.environ.update(_AWS_ENV, TIDEFLOW_S3_ENDPOINT_URL=endpoint)
+        os.environ.pop("AWS_PROFILE", None)
+        yield endpoint
+    finally:
+        server.stop()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 @pytest.fixture(scope="session")

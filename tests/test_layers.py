@@ -18,6 +18,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("tideflow_kernels", "engine", "engine.argtypes", "engine.errors", "engine.paths", "engine.http", "engine.metrics",
      "engine.intraop", "engine.process", "engine.device", "engine.tokenizer", "engine.weights", "engine.transfer"),
     ("engine.model", "engine.encoder"),  # the model and the vision encoder
+    ("engine.kvtier",),  # KV blocks below the device pool: host memory, disk, a shared store
     ("engine.core",),  # the engine core: scheduler, KV blocks, model runner, sampler, PD handoff, the engine loop
     ("engine.generate",),  # a plain generation loop over the core's runner (tests, benchmarks)
     ("engine.server", "engine.parallel"),  # one member: its HTTP front, DEP ranks

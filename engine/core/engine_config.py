@@ -7,6 +7,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from engine.kvtier.config import KVTierConfig
+
 
 class EngineKnobs(BaseModel):
     """One serving engine's knobs, with one set of defaults wherever they are given."""
@@ -43,6 +45,10 @@ class EngineKnobs(BaseModel):
                                 "and an unnamed one, is always admitted); None: 16 x the context (a chat request "
                                 "without max_tokens counts the whole context); 0 = no cap")
     enable_prefix_cache: bool = Field(True, description="reuse KV blocks of shared prompt prefixes")
+    kv_tiers: KVTierConfig | None = Field(
+        None, description="host memory, local disk and a shared store below the KV cache: evicted blocks are kept "
+                          "there and a prompt's blocks found there are loaded instead of computed (engine.kvtier); "
+                          "None: the KV cache alone")
     scheduling: Literal["fair", "fcfs"] = Field(
         "fair", description="fair: steps, running slots and KV blocks are shared between clients (API keys) by tokens "
                             "served, so one client's flood costs another a step, not its queue; fcfs: first come, "
@@ -66,6 +72,9 @@ class EngineConfig(EngineKnobs):
     """The knobs plus what only the serving process knows: the served name, dtype and device."""
 
     model_name: str | None = Field(None, description="model id served on /v1/models; default: the model directory's name")
+    version: str = Field("", max_length=128,
+                         description="the weights version served (a group's version): names this engine's blocks in "
+                                     "the shared KV tiers, so a release pipeline can remove a version's KV")
     dtype: Literal["float32", "bfloat16"] | None = Field(None, description="weight/activation dtype; default: the checkpoint's")
     device: str = Field("cpu", pattern=r"^(cpu|cuda(:[0-9]+)?)$",
                         description="torch device for weights and KV cache: cpu, cuda (the first GPU the process sees) "

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict
+from typing import Callable
 
 import torch
 
@@ -16,6 +17,16 @@ from engine.core import host_memory
 from engine.model.config import ModelConfig
 from engine.model.paged import KVCache, kv_bytes_per_block
 from engine.core.sequence import Sequence
+
+
+def chain_hashes(tokens: list[int], block_size: int, extras: dict[int, bytes], prev: int | None, start: int,
+                 stop: int) -> list[int]:
+    """The hashes of full blocks [start, stop) of `tokens`, block `start - 1` hashing to `prev`."""
+    hashes = []
+    for i in range(start, stop):
+        prev = block_hash(prev, tokens[i * block_size : (i + 1) * block_size], extras.get(i, b""))
+        hashes.append(prev)
+    return hashes
 
 
 class OutOfBlocks(Exception):
@@ -37,9 +48,14 @@ def block_hash(prev: int | None, tokens: list[int], extra: bytes = b"") -> int:
 
 
 class BlockAllocator:
-    """Owns block ids [0, num_blocks) and each sequence's block table."""
+    """Owns block ids [0, num_blocks) and each sequence's block table.
 
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_cache: bool = True) -> None:
+    With `lower` (engine.kvtier.tiered.TieredKV, and `kv_cache` to reach the tensors), a cached block is kept below
+    before the pool reuses it, and a prompt's blocks found there are loaded instead of computed.
+    """
+
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_cache: bool = True,
+                 lower=None, kv_cache: Callable[[], KVCache] | None = None) -> None:
         if num_blocks < 1:
             raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")
         self.num_blocks = num_blocks
@@ -50,6 +66,9 @@ class BlockAllocator:
         self.free: list[int] = list(range(num_blocks - 1, -1, -1))  # never-hashed blocks, pop() from the end
         self.cached: dict[int, int] = {}  # block hash -> block id
         self.evictable: OrderedDict[int, None] = OrderedDict()  # cached blocks with ref 0, oldest first
+        self.lower = lower if enable_prefix_cache else None
+        self.kv_cache = kv_cache
+        self._evicted: list[tuple[int, int]] = []  # (block, hash) taken for reuse, kept below before it is written
 
     @property
     def num_free(self) -> int:
@@ -71,18 +90,48 @@ class BlockAllocator:
         if not self.enable_prefix_cache:
             return 0
         tokens, bs = seq.tokens, self.block_size
+        full = (len(tokens) - 1) // bs
         prev: int | None = None
-        for i in range((len(tokens) - 1) // bs):
+        for i in range(full):
             h = block_hash(prev, tokens[i * bs : (i + 1) * bs], seq.block_extras.get(i, b""))
             block = self.cached.get(h)
             if block is None:
+                if self.lower is not None:
+                    self._onboard(seq, [h, *chain_hashes(tokens, bs, seq.block_extras, h, i + 1, full)])
                 break
             self._take(block)
             seq.block_table.append(block)
             seq.block_hashes.append(h)
             prev = h
         seq.num_computed = len(seq.block_table) * bs
+        if self.lower is not None:
+            self.lower.note_uses(self.kv_cache(), seq.block_hashes, seq.block_table)
         return seq.num_computed
+
+    def _onboard(self, seq: Sequence, hashes: list[int]) -> None:
+        """Load the run of `hashes` (the prompt's blocks past those cached here) that a lower tier holds."""
+        run = []
+        for h in hashes:  # a block cached here after a gap stays where it is
+            if h in self.cached:
+                break
+            run.append(h)
+        payloads = self.lower.host_run(run) if run else []
+        if not payloads or len(payloads) > self.num_free:
+            return
+        blocks = [self._fresh() for _ in payloads]
+        self._keep_evicted()
+        self.lower.onboard(self.kv_cache(), blocks, payloads)
+        for block, h in zip(blocks, run):
+            self.cached[h] = block
+            self.hash_of[block] = h
+            seq.block_table.append(block)
+            seq.block_hashes.append(h)
+
+    def _keep_evicted(self) -> None:
+        """Hand the blocks taken for reuse to the lower tiers while their bytes are still there."""
+        if self._evicted:
+            evicted, self._evicted = self._evicted, []
+            self.lower.offload(self.kv_cache(), evicted)
 
     def reserve(self, seq: Sequence, num_tokens: int) -> None:
         """Make seq's block table cover `num_tokens` tokens, or raise OutOfBlocks changing nothing."""
@@ -92,6 +141,7 @@ class BlockAllocator:
         if need > self.num_free:
             raise OutOfBlocks(f"need {need} blocks, {self.num_free} free")
         seq.block_table.extend(self._fresh() for _ in range(need))
+        self._keep_evicted()
 
     def commit(self, seq: Sequence) -> None:
         """Name the blocks that became full of computed tokens, so later prompts can reuse them."""
@@ -101,7 +151,8 @@ class BlockAllocator:
             return
         tokens = seq.tokens
         prev = seq.block_hashes[-1] if seq.block_hashes else None
-        for i in range(len(seq.block_hashes), full):
+        first = len(seq.block_hashes)
+        for i in range(first, full):
             h = block_hash(prev, tokens[i * bs : (i + 1) * bs], seq.block_extras.get(i, b""))
             seq.block_hashes.append(h)
             block = seq.block_table[i]
@@ -109,6 +160,8 @@ class BlockAllocator:
                 self.cached[h] = block
                 self.hash_of[block] = h
             prev = h
+        if self.lower is not None:
+            self.lower.note_uses(self.kv_cache(), seq.block_hashes[first:], seq.block_table[first:full])
 
     def release(self, seq: Sequence) -> None:
         """Drop seq's references; cached blocks stay reusable until evicted."""
@@ -120,7 +173,10 @@ class BlockAllocator:
         """n fresh blocks outside any sequence (e.g. to import transferred KV); free with free_blocks."""
         if n > self.num_free:
             raise OutOfBlocks(f"need {n} blocks, {self.num_free} free")
-        return [self._fresh() for _ in range(n)]
+        blocks = [self._fresh() for _ in range(n)]
+        if self.lower is not None:
+            self._keep_evicted()
+        return blocks
 
     def free_blocks(self, blocks: list[int]) -> None:
         for block in blocks:
@@ -145,6 +201,8 @@ class BlockAllocator:
         else:
             block, _ = self.evictable.popitem(last=False)
             del self.cached[self.hash_of[block]]
+            if self.lower is not None:
+                self._evicted.append((block, self.hash_of[block]))
             self.hash_of[block] = None
         self.ref[block] = 1
         return block

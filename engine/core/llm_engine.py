@@ -28,7 +28,9 @@ from engine.core.engine_config import EngineConfig
 from engine.encoder.splice import SplicedPrompt
 from engine.core.admission import EngineError, QueueFull, check_request
 from engine import intraop
-from engine.core.kv_cache import BlockAllocator, OutOfBlocks, num_blocks_for_budget
+from engine.core.kv_cache import BlockAllocator, OutOfBlocks, chain_hashes, num_blocks_for_budget
+from engine.kvtier.metrics import TierMetrics
+from engine.kvtier.tiered import TieredKV, open_tiers
 from engine.model.decoder import MoEForCausalLM
 from engine.model.loader import load_model
 from engine.core.model_runner import ModelRunner, SeqStep
@@ -60,6 +62,15 @@ class _Import:
     on_imported: Callable[[], None]
 
 
+@dataclass
+class _Fetch:
+    """A new request waiting while its prompt's blocks come up from disk or the store."""
+
+    seq: Sequence
+    future: concurrent.futures.Future
+    deadline: float  # time.monotonic() after which it is scheduled whatever came up
+
+
 @dataclass(eq=False)
 class _Request:
     seq: Sequence
@@ -74,11 +85,13 @@ class _Request:
 
 class LLMEngine:
     def __init__(self, model: MoEForCausalLM, tokenizer: Tokenizer, config: EngineConfig,
-                 metrics: ServingMetrics | None = None, runner=None, make_text: bool = True) -> None:
+                 metrics: ServingMetrics | None = None, runner=None, make_text: bool = True,
+                 kv_tiers: TieredKV | None = None) -> None:
         """`runner` replaces the ModelRunner (e.g. engine.parallel.serving.DEPRunner, sized by its owner);
         a runner with `lockstep = True` is stepped every iteration: idle, the loop calls its `idle(wake)`.
         `make_text=False`: outputs carry token ids only, and stop strings are left to whoever makes the text
-        (an engine core in its own process: its API server detokenizes, engine/server/core_client.py)."""
+        (an engine core in its own process: its API server detokenizes, engine/server/core_client.py).
+        `kv_tiers` keeps evicted blocks below the pool and loads a prompt's blocks from there (engine.kvtier)."""
         self.model, self.tokenizer, self.config = model, tokenizer, config
         self.make_text = make_text
         self.metrics = metrics if metrics is not None else ServingMetrics()
@@ -92,7 +105,8 @@ class LLMEngine:
             num_blocks = num_blocks_for_budget(mc, config.block_size, config.device, kv_cache_fraction=fraction)
         self.runner = runner if runner is not None else ModelRunner(model, num_blocks, config.block_size)
         self.lockstep = bool(getattr(self.runner, "lockstep", False))
-        self.allocator = BlockAllocator(num_blocks, config.block_size, config.enable_prefix_cache)
+        self.kv_tiers = kv_tiers
+        self.allocator = self._new_allocator(num_blocks)
         self.scheduler = Scheduler(self.allocator, config.max_num_seqs, config.max_batch_tokens, config.max_wait_ms / 1000,
                                    config.lone_arrival_ms / 1000 if config.lone_arrival_ms else None,
                                    fair=config.scheduling == "fair",
@@ -117,13 +131,23 @@ class LLMEngine:
         self._thread: threading.Thread | None = None
         self._ids = itertools.count()
         self._seen_prefix = (0, 0)
+        self._fetching: dict[str, _Fetch] = {}  # requests waiting for their blocks to come up from disk or the store
         self.clock = StepClock()  # whether the engine is busy or stuck (the members' stream heartbeats read it)
 
     @classmethod
     def from_dir(cls, model_dir: str | Path, config: EngineConfig, metrics: ServingMetrics | None = None,
                  make_text: bool = True) -> "LLMEngine":
         model = load_model(model_dir, config.dtype, config.device)
-        return cls(model, Tokenizer(model_dir), config, metrics, make_text=make_text)
+        metrics = metrics if metrics is not None else ServingMetrics()
+        tiers = None
+        if config.kv_tiers is not None:
+            tiers = open_tiers(config.kv_tiers, model_dir, config.model_name or Path(model_dir).name, config.version,
+                               model.config, config.block_size, TierMetrics(metrics.factory))
+        return cls(model, Tokenizer(model_dir), config, metrics, make_text=make_text, kv_tiers=tiers)
+
+    def _new_allocator(self, num_blocks: int) -> BlockAllocator:
+        return BlockAllocator(num_blocks, self.config.block_size, self.config.enable_prefix_cache,
+                              lower=self.kv_tiers, kv_cache=lambda: self.runner.kv_cache)
 
     # ---- what the HTTP front reads (engine/server/core_client.py answers the same) ---------------
     @property
@@ -155,6 +179,8 @@ class LLMEngine:
         if self._thread is not None:
             self._thread.join(timeout=30)
             self._thread = None
+        if self.kv_tiers is not None:
+            self.kv_tiers.close()
 
     def live(self) -> bool:
         """Between steps, or in one still within its budget (engine.core.step_clock)."""
@@ -204,6 +230,8 @@ class LLMEngine:
             seq.block_extras = block_extras(images.images, self.config.block_size)
         else:
             images = None
+        if seq.params.cache_salt:  # in the first block's name, so no block of another salt is ever shared
+            seq.block_extras[0] = b"salt:" + seq.params.cache_salt.encode() + seq.block_extras.get(0, b"")
         streamed = None if resume is None else list(resume.output_token_ids)
         if streamed:
             seq.output_tokens = list(streamed)
@@ -271,7 +299,7 @@ class LLMEngine:
 
     @property
     def num_queued(self) -> int:
-        return len(self._adds) + self.scheduler.num_queued
+        return len(self._adds) + len(self._fetching) + self.scheduler.num_queued
 
     @property
     def num_running(self) -> int:
@@ -304,7 +332,7 @@ class LLMEngine:
         if self.num_open:
             raise EngineError(f"{self.num_open} requests are open; the KV cache cannot be swapped under them")
         self.runner.allocate(num_blocks)
-        self.allocator = BlockAllocator(num_blocks, self.config.block_size, self.config.enable_prefix_cache)
+        self.allocator = self._new_allocator(num_blocks)
         self.scheduler.allocator = self.allocator
         self.max_model_len = min(self.model.config.context_length, num_blocks * self.config.block_size)
         self.client_tokens.cap = client_cap(self.config.max_client_tokens, self.max_model_len)
@@ -370,7 +398,8 @@ class LLMEngine:
                 if self.lockstep:
                     self.runner.idle(self._wake)  # the peers may have work: join their step
                     continue
-                wake_at = self.scheduler.wake_at()
+                wake_at = min([t for t in (self.scheduler.wake_at(), *(f.deadline for f in self._fetching.values()))
+                               if t is not None], default=None)
                 self._wake.wait(None if wake_at is None else max(0.0, wake_at - now))
                 continue
             tokens = sum(item.num_new for item in plan.batch)
@@ -387,10 +416,19 @@ class LLMEngine:
                 self._imports.append(req)
                 continue
             self.metrics.prompt_tokens.inc(len(req.seq.prompt_tokens))
+            fetch = self._fetch_below(req.seq)
+            if fetch is not None:
+                self._fetching[req.seq.request_id] = fetch
+                continue
             # The window counts from the request's arrival, not from when this thread looked: one that came
             # during a step has waited that step already and departs with the next (from the look, it
             # missed the next step and paid a whole extra step of TTFT whenever the engine was busy).
             self.scheduler.add(req.seq, req.seq.arrival)
+        now = time.monotonic()
+        for request_id, fetch in list(self._fetching.items()):
+            if fetch.future.done() or now >= fetch.deadline:
+                del self._fetching[request_id]
+                self.scheduler.add(fetch.seq, fetch.seq.arrival)
         while self._imports:
             seq = self.scheduler.next_import(req.seq for req in self._imports)
             req = next(r for r in self._imports if r.seq is seq)
@@ -400,13 +438,33 @@ class LLMEngine:
         aborted = bool(self._aborts)
         while self._aborts:
             request_id = self._aborts.popleft()
-            seq = self.scheduler.abort(request_id)
+            fetch = self._fetching.pop(request_id, None)
+            seq = fetch.seq if fetch is not None else self.scheduler.abort(request_id)
             req = self._forget(request_id)
             if seq is not None and req is not None:
                 self.metrics.requests.labels("aborted").inc()
                 req.sink(self._output(req, [], "", "abort"))
         if aborted:
             self._publish_load()
+
+    def _fetch_below(self, seq: Sequence) -> "_Fetch | None":
+        """Start bringing the prompt's blocks that neither the pool nor host memory holds up from disk or the store;
+        the request waits for them at most what computing them is estimated to cost. None: nothing to wait for."""
+        tiers = self.kv_tiers
+        if tiers is None or not tiers.has_lower() or not self.config.enable_prefix_cache:
+            return None
+        bs = self.config.block_size
+        hashes = chain_hashes(seq.tokens, bs, seq.block_extras, None, 0, (seq.num_tokens - 1) // bs)
+        held = 0
+        while held < len(hashes) and (hashes[held] in self.allocator.cached or tiers.held_in_host(hashes[held])):
+            held += 1
+        per_token = self.scheduler.cost.s_per_token
+        future = tiers.prefetch(hashes[held:], per_token, self._wake.set)
+        if future is None:
+            return None
+        longest = tiers.config.store_timeout_s
+        wait = longest if per_token is None else min(longest, per_token * bs * (len(hashes) - held))
+        return _Fetch(seq, future, time.monotonic() + wait)
 
     def _admit_import(self, req: _Request) -> bool:
         """Place a prefilled sequence's KV into fresh blocks and resume it; False to retry later."""

@@ -43,6 +43,9 @@ class SamplingParams(BaseModel):
         default_factory=dict, max_length=MAX_LOGIT_BIAS, description="token id -> added to its logit before sampling")
     priority: int = Field(0, ge=PRIORITY_RANGE[0], le=PRIORITY_RANGE[1],
                           description="lower runs first (vLLM's convention), before the fair share between clients")
+    cache_salt: str | None = Field(None, min_length=1, max_length=256,
+                                   description="KV blocks are shared only between requests of the same salt (tenant "
+                                               "isolation); it rides here so every path the request takes keeps it")
 
 
 class Logprob(NamedTuple):

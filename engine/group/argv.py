@@ -49,6 +49,8 @@ def serve_argv(group: InferenceGroup, spec: RoleSpec, *, model: str, host: str, 
             raise ValueError(f"role {spec.role} has {spec.members_per_instance} members per instance: "
                              "a member's rank and the rendezvous address are needed")
         args += ["--dep-rank", str(rank), "--dep-size", str(spec.members_per_instance), "--dist-addr", dist_addr]
+    if e.kv_tiers is not None:
+        args += ["--kv-tiers", e.kv_tiers.model_dump_json(exclude_defaults=True)]
     if e.faults is not None:
         args += ["--faults", e.faults.model_dump_json()]
     if e.engine_core != "thread":

@@ -57,6 +57,8 @@ class _GenerationFields(BaseModel):
         None, description=f"token id (as a string) -> bias in [-100, 100] added to its logit; at most {MAX_LOGIT_BIAS}")
     priority: StrictInt = Field(0, ge=PRIORITY_RANGE[0], le=PRIORITY_RANGE[1],
                                 description="extra (vLLM's): lower runs first; no lower than the API key may ask for")
+    cache_salt: Text | None = Field(None, min_length=1, max_length=256,
+                                    description="extra (vLLM's): requests share cached KV only with the same salt")
 
     # refused unless unset (UNSERVED_FIELDS); declared so that a refusal names its field
     best_of: Any = Field(None, description="not served (n is 1)")
@@ -104,6 +106,7 @@ class _GenerationFields(BaseModel):
             max_tokens=max_tokens, temperature=self.temperature, top_p=self.top_p, top_k=max(self.top_k, 0),
             seed=self.seed, stop=stop, ignore_eos=self.ignore_eos, logprobs=self.top_logprob_count,
             logit_bias={int(token): bias for token, bias in (self.logit_bias or {}).items()}, priority=self.priority,
+            cache_salt=self.cache_salt,
         )
 
     @property

@@ -52,6 +52,8 @@ class S3StoreConfig(TransferConfig):
         description="S3 endpoint (MinIO, Ceph, moto); default $TIDEFLOW_S3_ENDPOINT_URL or $AWS_ENDPOINT_URL",
     )
     region: str | None = Field(None, description="region name; None lets the AWS chain decide")
+    timeout_s: float = Field(60.0, gt=0, le=3600, description="connect and read timeout of one request")
+    max_attempts: int = Field(5, ge=1, le=20, description="tries of one request (botocore's standard retries)")
 
     @field_validator("prefix")
     @classmethod

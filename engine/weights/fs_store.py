@@ -16,12 +16,13 @@ import json
 import os
 import shutil
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 from engine.weights.config import FsStoreConfig
 from engine.weights.errors import ChecksumMismatchError, ObjectMissingError, WeightsError
 from engine.weights.parts import composite_sha256, sha256_b64
-from engine.weights.store import ObjectStore, StoredObject, StoredPart
+from engine.weights.store import ListedObject, ObjectStore, StoredObject, StoredPart
 from tideflow_kernels.atomic_file import atomic_write_bytes
 
 
@@ -109,6 +110,27 @@ class FsStore(ObjectStore):
     def delete(self, key: str) -> None:
         self._meta(key).unlink(missing_ok=True)
         self._object(key).unlink(missing_ok=True)
+
+    def list_objects(self, prefix: str) -> Iterator[ListedObject]:
+        base = self.root / self.prefix
+        start = base / prefix if prefix.endswith("/") else (base / prefix).parent
+        if not start.is_dir() or start.is_symlink():
+            return
+        for folder, dirs, files in os.walk(start):
+            dirs[:] = [d for d in dirs if not (d == ".tideflow" and Path(folder) == self.root)]
+            for name in files:
+                path = Path(folder) / name
+                key = path.relative_to(base).as_posix()
+                if not key.startswith(prefix) or path.is_symlink():
+                    continue
+                try:
+                    st = path.stat()
+                except FileNotFoundError:  # deleted while listed
+                    continue
+                yield ListedObject(key, st.st_size, st.st_mtime)
+
+    def expire_prefix(self, prefix: str, days: int) -> bool:
+        return False
 
     def open_upload(self, key: str) -> str | None:
         base = self._uploads(key)

@@ -17,7 +17,7 @@ from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
 from engine.weights.config import S3StoreConfig
 from engine.weights.errors import ChecksumMismatchError, ObjectMissingError, StoreError
 from engine.weights.parts import sha256_b64, strip_part_count
-from engine.weights.store import ObjectStore, StoredObject, StoredPart
+from engine.weights.store import ListedObject, ObjectStore, StoredObject, StoredPart
 
 _MISSING = {"404", "NoSuchKey", "NotFound"}
 
@@ -35,7 +35,9 @@ class S3Store(ObjectStore):
             region_name=config.region,
             config=Config(
                 max_pool_connections=config.max_concurrency + 4,
-                retries={"mode": "standard", "max_attempts": 5},
+                retries={"mode": "standard", "max_attempts": config.max_attempts},
+                connect_timeout=config.timeout_s,
+                read_timeout=config.timeout_s,
                 request_checksum_calculation="when_required",
                 response_checksum_validation="when_required",
             ),
@@ -109,6 +111,30 @@ class S3Store(ObjectStore):
     def delete(self, key: str) -> None:
         with self._errors("delete", key):
             self.client.delete_object(Bucket=self.bucket, Key=self.prefix + key)
+
+    def list_objects(self, prefix: str) -> Iterator[ListedObject]:
+        with self._errors("list", prefix):
+            pages = self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=self.prefix + prefix)
+            for page in pages:
+                for item in page.get("Contents", []):
+                    yield ListedObject(item["Key"][len(self.prefix):], item["Size"], item["LastModified"].timestamp())
+
+    def expire_prefix(self, prefix: str, days: int) -> bool:
+        """One lifecycle rule per prefix, named after it; the bucket's other rules are kept (S3 replaces the whole
+        configuration on every put)."""
+        rule_id = "tideflow-expire-" + hashlib.sha256((self.prefix + prefix).encode()).hexdigest()[:16]
+        with self._errors("lifecycle", prefix):
+            try:
+                rules = self.client.get_bucket_lifecycle_configuration(Bucket=self.bucket)["Rules"]
+            except ClientError as e:
+                if e.response.get("Error", {}).get("Code") != "NoSuchLifecycleConfiguration":
+                    raise
+                rules = []
+            rules = [r for r in rules if r.get("ID") != rule_id]
+            rules.append({"ID": rule_id, "Status": "Enabled", "Filter": {"Prefix": self.prefix + prefix},
+                          "Expiration": {"Days": days}})
+            self.client.put_bucket_lifecycle_configuration(Bucket=self.bucket, LifecycleConfiguration={"Rules": rules})
+        return True
 
     def _uploads(self, key: str) -> list[dict]:
         found: list[dict] = []

@@ -7,6 +7,7 @@ that verify compares with the manifest without reading the bytes.
 
 import threading
 from abc import ABC, abstractmethod
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from engine.weights.config import TransferConfig
@@ -20,6 +21,15 @@ class StoredPart:
     size: int
     sha256: str | None  # base64 digest; None when the store does not report it
     etag: str | None = None
+
+
+@dataclass(frozen=True)
+class ListedObject:
+    """An object found by a listing: its key (relative to the store's prefix), size and last write time."""
+
+    key: str
+    size: int
+    modified: float  # seconds since the epoch
 
 
 @dataclass(frozen=True)
@@ -77,6 +87,15 @@ class ObjectStore(ABC):
     @abstractmethod
     def delete(self, key: str) -> None:
         """Remove an object; absent is fine."""
+
+    @abstractmethod
+    def list_objects(self, prefix: str) -> Iterator[ListedObject]:
+        """Committed objects whose key starts with `prefix`, in no set order."""
+
+    @abstractmethod
+    def expire_prefix(self, prefix: str, days: int) -> bool:
+        """Have the store itself delete objects under `prefix` `days` after their last write (an S3 lifecycle rule);
+        False where the store cannot (a directory: the kv-gc deployment deletes them instead)."""
 
     @abstractmethod
     def open_upload(self, key: str) -> str | None:

@@ -18,8 +18,9 @@ def default_store_url(name: str, version: str) -> str:
     return (home() / "store" / "models" / name / version).absolute().as_uri() + "/"
 
 
-def store_config(url: str, **transfer: int | None) -> S3StoreConfig | FsStoreConfig:
-    """The pydantic config a URL denotes; `transfer` overrides part_size / max_concurrency / region."""
+def store_config(url: str, **transfer: int | float | str | None) -> S3StoreConfig | FsStoreConfig:
+    """The pydantic config a URL denotes; `transfer` overrides part_size / max_concurrency, and for S3 region /
+    timeout_s / max_attempts."""
     overrides = {k: v for k, v in transfer.items() if v is not None}
     parsed = urlparse(url)
     try:
@@ -27,7 +28,8 @@ def store_config(url: str, **transfer: int | None) -> S3StoreConfig | FsStoreCon
             if not parsed.netloc:
                 raise StoreError(f"{url!r} names no bucket; use s3://bucket/prefix/")
             return S3StoreConfig(bucket=parsed.netloc, prefix=parsed.path, **overrides)
-        overrides.pop("region", None)
+        for s3_only in ("region", "timeout_s", "max_attempts"):
+            overrides.pop(s3_only, None)
         if parsed.scheme == "file":
             if parsed.netloc not in ("", "localhost"):
                 raise StoreError(f"{url!r}: file URLs must be local (file:///path/)")
@@ -42,10 +44,12 @@ def store_config(url: str, **transfer: int | None) -> S3StoreConfig | FsStoreCon
 
 
 def open_store(
-    url: str, *, part_size: int | None = None, max_concurrency: int | None = None, region: str | None = None
+    url: str, *, part_size: int | None = None, max_concurrency: int | None = None, region: str | None = None,
+    timeout_s: float | None = None, max_attempts: int | None = None,
 ) -> ObjectStore:
     """The store for a version URL."""
-    config = store_config(url, part_size=part_size, max_concurrency=max_concurrency, region=region)
+    config = store_config(url, part_size=part_size, max_concurrency=max_concurrency, region=region,
+                          timeout_s=timeout_s, max_attempts=max_attempts)
     if isinstance(config, S3StoreConfig):
         return S3Store(config)
     return FsStore(config)

@@ -268,3 +268,19 @@ def test_a_hostile_spec_file_is_a_one_line_error(tmp_path, content, needle):
     with pytest.raises(GroupSpecError) as info:
         InferenceGroup.from_yaml(path)
     assert needle in str(info.value) and "\n" not in str(info.value)
+
+
+def test_a_role_s_kv_tiers_reach_its_members_and_bad_ones_fail_at_the_spec():
+    tiers = {"host_bytes": 1 << 30, "disk_path": "/var/cache/kv", "store_url": "s3://kv-bucket/fleet/"}
+    group = InferenceGroup.model_validate(pd(roles=[{"role": "colocated", "engine": {"kv_tiers": tiers}}]))
+    argv = serve_argv(group, group.role("colocated"), model="/m", host="127.0.0.1", port=1, served_name="m")
+    parser = argparse.ArgumentParser()
+    add_commands(parser.add_subparsers())
+    config = engine_config(parser.parse_args(argv + ["--kv-disk-bytes", str(2 << 30)]))
+    assert config.kv_tiers.model_dump(include=set(tiers)) == tiers
+    assert config.kv_tiers.disk_bytes == 2 << 30 and config.version == group.version
+    with pytest.raises(ValidationError, match="host_bytes"):
+        InferenceGroup.model_validate(pd(roles=[{"role": "colocated", "engine": {"kv_tiers": {"disk_path": "/x"}}}]))
+    with pytest.raises(ValidationError, match="store_ttl_s"):
+        InferenceGroup.model_validate(pd(roles=[{"role": "colocated", "engine": {
+            "kv_tiers": {"host_bytes": 1 << 30, "store_ttl_s": 5}}}]))

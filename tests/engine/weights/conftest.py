@@ -1,5 +1,5 @@
-"""Fixtures: a moto S3 server process over HTTP on 127.0.0.1, a small checkpoint, and a version URL
-parametrized over both stores (S3 and the filesystem)."""
+"""Fixtures: a small checkpoint, and a version URL parametrized over both stores (S3 through the moto server of
+tests/conftest.py, and the filesystem)."""
 
 import itertools
 import json
@@ -11,38 +11,12 @@ from pathlib import Path
 import boto3
 import pytest
 
-from harness.moto import start_moto
 from engine.weights.config import MiB
 from engine.weights.parts import part_ranges
 from engine.weights.urls import open_store
 
 PART = 5 * MiB  # S3's minimum part size; small files keep the suite fast
 CONCURRENCY = 3
-_AWS_ENV = {
-    "AWS_ACCESS_KEY_ID": "testing",
-    "AWS_SECRET_ACCESS_KEY": "testing",
-    "AWS_DEFAULT_REGION": "us-east-1",
-    "AWS_CONFIG_FILE": os.devnull,
-    "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
-}
-
-
-@pytest.fixture(scope="session")
-def s3_endpoint(tmp_path_factory):
-    """A moto S3 server in its own process on 127.0.0.1; env points boto3 (and children) at it."""
-    saved = {k: os.environ.get(k) for k in [*_AWS_ENV, "TIDEFLOW_S3_ENDPOINT_URL", "AWS_PROFILE"]}
-    server, endpoint = start_moto(tmp_path_factory.mktemp("moto") / "server.log", timeout_s=60)
-    try:
-        os.environ.update(_AWS_ENV, TIDEFLOW_S3_ENDPOINT_URL=endpoint)
-        os.environ.pop("AWS_PROFILE", None)
-        yield endpoint
-    finally:
-        server.stop()
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def make_checkpoint(root: Path) -> Path:
