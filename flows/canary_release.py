@@ -14,9 +14,11 @@ from engine.control.client import ControlClient
 from engine.control.models import GroupView, describe_fleet
 from engine.errors import TideflowError
 from engine.group.manager import GroupState
+from engine.group.spec import InferenceGroup
 from flows.deploy_group import deploy_group
 from flows.params import DeployParams
 from tasks.canary import collect_metrics, promote, rollback, shift_traffic, validate_metrics
+from tasks.kv import kv_remove_version
 from tasks.fleet import changing_fleet
 
 ROLLED_BACK = "RolledBack"
@@ -73,16 +75,31 @@ def canary_release(params: CanaryParams = CanaryParams()) -> State:
         raise CanaryError(f"group {name} already serves {serving.version} at weight {serving.weight:g}: this version "
                           "was rolled out before; nothing to canary")
     stable = params.stable or stable_group(groups, name, params.canary.version)
+    stable_spec = next((g.spec for g in groups if g.name == stable), None)
     with changing_fleet(f"canary {name} over {stable}"):
-        report = _roll_out(params, stable)
+        report, canary_spec = _roll_out(params, stable)
+        _forget_kv(report, params.plan, stable_spec, canary_spec)
     if report.decision == "promoted":
         return Completed(message=f"{name} promoted over {stable}: {report.reason}", data=report)
     rolled_back = CanaryRolledBack(report)
     return Failed(name=ROLLED_BACK, message=str(rolled_back), data=rolled_back)
 
 
-def _roll_out(params: CanaryParams, stable: str) -> CanaryReport:
-    name = deploy_group(params.canary.model_copy(update={"weight": 0.0})).name
+def _forget_kv(report: CanaryReport, plan: CanaryPlan, stable: InferenceGroup | None,
+               canary: InferenceGroup | None) -> None:
+    """A rolled-back version's KV blocks leave the shared store; so do a retired stable version's (removed on
+    promotion: a parked one keeps them for a rollback to it)."""
+    leaving = canary if report.decision != "promoted" else (stable if plan.on_promote == "remove" else None)
+    if leaving is not None:
+        kv_remove_version(leaving)
+
+
+def _roll_out(params: CanaryParams, stable: str) -> tuple[CanaryReport, InferenceGroup | None]:
+    view = deploy_group(params.canary.model_copy(update={"weight": 0.0}))
+    return _steps(params, stable, view.name), view.spec
+
+
+def _steps(params: CanaryParams, stable: str, name: str) -> CanaryReport:
     steps = []
     try:
         for index, step in enumerate(params.plan.steps):

@@ -1,4 +1,5 @@
-"""deploy_group: weights to the node cache -> desired state to the controller -> all Ready -> take traffic."""
+"""deploy_group: weights to the node cache -> the shared KV store's expiry -> desired state to the controller -> all
+Ready -> take traffic."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from engine.weights import cache_dir_for
 from flows.params import DeployParams
 from tasks.fleet import changing_fleet
 from tasks.groups import await_group_ready, register_group, start_group
+from tasks.kv import kv_expiry
 from tasks.weights import pull_weights
 
 
@@ -24,6 +26,7 @@ def deploy_group(params: DeployParams = DeployParams()) -> GroupView:
             pull_weights(params.weights_url, cache)
             update["model"] = ModelRef(path=str(cache), dtype=spec.model.dtype)
         spec = InferenceGroup.model_validate({**spec.model_dump(), **update})
+        kv_expiry(spec)  # the KV its members will share expires, before any is written
         name = start_group(spec)
         status = await_group_ready(name, params.ready_timeout_s)
         register_group(name, params.weight)

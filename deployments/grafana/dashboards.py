@@ -1,11 +1,11 @@
 """tideflow's Grafana dashboards, built with Grafana's own SDK (grafana-foundation-sdk) and written as JSON.
 
 Three boards: `fleet` (traffic, latency per group and version, errors, engine load, KV and prefix cache, the
-shuttle, router retries and migrations), `pd-ep` (prefill vs decode, KV transfer, expert load per rank, EPLB)
-and `lifecycle` (group states over time, the warm pool, activations, rebuilds, the canary, the autoscaler).
-Every query reads series that tideflow exports (members, router, controller; jobs named as in
-deployments/prometheus/prometheus.yml.j2); tests/deployments/test_dashboards.py runs each one against a real
-Prometheus scraping a fleet under load and fails on any query that returns nothing.
+shuttle, router retries and migrations, the KV tiers below the cache), `pd-ep` (prefill vs decode, KV transfer,
+expert load per rank, EPLB) and `lifecycle` (group states over time, the warm pool, activations, rebuilds, the
+canary, the autoscaler). Every query reads series that tideflow exports (members, router, controller; jobs named
+as in deployments/prometheus/prometheus.yml.j2); tests/deployments/test_observability.py runs each one against a
+real Prometheus scraping a fleet under load and fails on any query that returns nothing.
 
 Run `python deployments/grafana/dashboards.py` after changing a panel: it rewrites the JSON files next to it
 (a test fails while a committed file differs from what this builds).
@@ -51,9 +51,11 @@ def quantile(q: float, metric: str, by: str = "group, version") -> str:
 
 
 def latency(title: str, metric: str, by: str = "group, version") -> PanelSpec:
+    """The legend names the labels the quantiles are taken by (a label summed away would show empty)."""
+    names = " ".join(f"{{{{{label.strip()}}}}}" for label in by.split(","))
     return PanelSpec(title, f"p50 and p99 of {metric}, per {by}", (
-        Query(quantile(0.5, metric, by), "p50 {{group}} {{version}}"),
-        Query(quantile(0.99, metric, by), "p99 {{group}} {{version}}"),
+        Query(quantile(0.5, metric, by), f"p50 {names}"),
+        Query(quantile(0.99, metric, by), f"p99 {names}"),
     ), unit="s")
 
 
@@ -95,6 +97,30 @@ FLEET = (
                       (Query(f"sum by (group) (rate(tideflow_router_retries_total{RATE}))", "retries {{group}}"),
                        Query(f"sum by (group, reason) (rate(tideflow_router_migrations_total{RATE}))",
                              "migrations {{group}} {{reason}}")), unit="reqps"),
+        )),
+        ("KVCache", (
+            PanelSpec("KV tier hit rate", "looked-up prompt tokens each tier held, of those the tiers above it did not",
+                      (Query(f"sum by (tier) (rate(tideflow_kv_tier_hit_tokens_total{RATE})) / sum by (tier) "
+                             f"(rate(tideflow_kv_tier_queried_tokens_total{RATE}))", "{{tier}}"),),
+                      unit="percentunit"),
+            PanelSpec("KV tier bytes", "bytes host memory and the disk hold against what they may hold (the store "
+                                       "reports neither)",
+                      (Query("sum by (tier) (tideflow_kv_tier_bytes)", "used {{tier}}"),
+                       Query("sum by (tier) (tideflow_kv_tier_capacity_bytes)", "capacity {{tier}}")), unit="bytes"),
+            PanelSpec("KV tier offload and onboard", "blocks per second written to each tier and loaded from it",
+                      (Query(f"sum by (tier) (rate(tideflow_kv_tier_offload_blocks_total{RATE}))", "offload {{tier}}"),
+                       Query(f"sum by (tier) (rate(tideflow_kv_tier_onboard_blocks_total{RATE}))",
+                             "onboard {{tier}}"))),
+            latency("KV tier onboard latency", "tideflow_kv_tier_onboard_seconds", "tier"),
+            PanelSpec("KV tier evictions and expirations", "blocks per second each tier dropped for room and for age",
+                      (Query(f"sum by (tier) (rate(tideflow_kv_tier_evictions_total{RATE}))", "evicted {{tier}}"),
+                       Query(f"sum by (tier) (rate(tideflow_kv_tier_expirations_total{RATE}))", "expired {{tier}}"))),
+            PanelSpec("KV tier fallbacks and write errors", "blocks recomputed instead of loaded, by reason (corrupt, "
+                                                            "unavailable, missing), and block writes a tier refused",
+                      (Query(f"sum by (tier, reason) (rate(tideflow_kv_tier_fallbacks_total{RATE}))",
+                             "fallback {{tier}} {{reason}}"),
+                       Query(f"sum by (tier) (rate(tideflow_kv_tier_write_errors_total{RATE}))",
+                             "write errors {{tier}}"))),
         )),
     ))
 

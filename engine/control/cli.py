@@ -32,6 +32,9 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
                    help="local: router processes sharing the router port (SO_REUSEPORT); one that dies is started "
                         "again and the others serve meanwhile. Each keeps its own metrics and canary samples, "
                         "which a scrape or the canary judge through the shared port reads from one replica only")
+    c.add_argument("--router-arg", action="append", default=[], metavar="ARG",
+                   help="local: one more `tideflow router` flag for every replica (repeatable), e.g. "
+                        "--router-arg=--kv-routing=approximate")
     c.add_argument("--model-dir", type=Path, default=None,
                    help="router tokenizer / default checkpoint (default: $TIDEFLOW_HOME/models/default, written if missing)")
     c.add_argument("--model-name", default="default", help="model id clients ask the router for")
@@ -81,7 +84,8 @@ def _controller(args: argparse.Namespace) -> int:
         write_default_model(model_dir)
     chosen = {k: v for k, v in (("backend", args.backend), ("namespace", args.namespace)) if v}
     config = ControllerConfig(model_dir=model_dir, model_name=args.model_name, host=args.host, port=args.port,
-                              router_port=args.router_port, router_replicas=args.router_replicas, image=args.image, router_url=args.router_url,
+                              router_port=args.router_port, router_replicas=args.router_replicas, router_args=args.router_arg, image=args.image,
+                              router_url=args.router_url,
                               capacity_check=CapacityCheck(enabled=args.capacity_check), **chosen)
     if config.backend == "kubernetes" and not config.port:
         raise TideflowError("--port is needed on kubernetes: the router Deployment reaches the controller's Service there")

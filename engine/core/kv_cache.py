@@ -14,6 +14,7 @@ from typing import Callable
 import torch
 
 from engine.core import host_memory
+from engine.core.kv_events import KVEventLog
 from engine.model.config import ModelConfig
 from engine.model.paged import KVCache, kv_bytes_per_block
 from engine.core.sequence import Sequence
@@ -55,7 +56,7 @@ class BlockAllocator:
     """
 
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_cache: bool = True,
-                 lower=None, kv_cache: Callable[[], KVCache] | None = None) -> None:
+                 lower=None, kv_cache: Callable[[], KVCache] | None = None, events: KVEventLog | None = None) -> None:
         if num_blocks < 1:
             raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")
         self.num_blocks = num_blocks
@@ -68,6 +69,7 @@ class BlockAllocator:
         self.evictable: OrderedDict[int, None] = OrderedDict()  # cached blocks with ref 0, oldest first
         self.lower = lower if enable_prefix_cache else None
         self.kv_cache = kv_cache
+        self.events = events if enable_prefix_cache else None  # device blocks named and dropped, for the router
         self._evicted: list[tuple[int, int]] = []  # (block, hash) taken for reuse, kept below before it is written
 
     @property
@@ -115,17 +117,19 @@ class BlockAllocator:
             if h in self.cached:
                 break
             run.append(h)
-        payloads = self.lower.host_run(run) if run else []
-        if not payloads or len(payloads) > self.num_free:
+        found = self.lower.host_run(run) if run else []
+        if not found or len(found) > self.num_free:
             return
-        blocks = [self._fresh() for _ in payloads]
+        blocks = [self._fresh() for _ in found]
         self._keep_evicted()
-        self.lower.onboard(self.kv_cache(), blocks, payloads)
+        self.lower.onboard(self.kv_cache(), blocks, found)
         for block, h in zip(blocks, run):
             self.cached[h] = block
             self.hash_of[block] = h
             seq.block_table.append(block)
             seq.block_hashes.append(h)
+        if self.events is not None:
+            self.events.stored("device", run[: len(blocks)])
 
     def _keep_evicted(self) -> None:
         """Hand the blocks taken for reuse to the lower tiers while their bytes are still there."""
@@ -152,6 +156,7 @@ class BlockAllocator:
         tokens = seq.tokens
         prev = seq.block_hashes[-1] if seq.block_hashes else None
         first = len(seq.block_hashes)
+        named = []
         for i in range(first, full):
             h = block_hash(prev, tokens[i * bs : (i + 1) * bs], seq.block_extras.get(i, b""))
             seq.block_hashes.append(h)
@@ -159,7 +164,10 @@ class BlockAllocator:
             if self.enable_prefix_cache and h not in self.cached and self.hash_of[block] is None:
                 self.cached[h] = block
                 self.hash_of[block] = h
+                named.append(h)
             prev = h
+        if self.events is not None:
+            self.events.stored("device", named)
         if self.lower is not None:
             self.lower.note_uses(self.kv_cache(), seq.block_hashes[first:], seq.block_table[first:full])
 
@@ -203,6 +211,8 @@ class BlockAllocator:
             del self.cached[self.hash_of[block]]
             if self.lower is not None:
                 self._evicted.append((block, self.hash_of[block]))
+            if self.events is not None:
+                self.events.removed("device", [self.hash_of[block]])
             self.hash_of[block] = None
         self.ref[block] = 1
         return block

@@ -28,6 +28,7 @@ from engine.core.engine_config import EngineConfig
 from engine.encoder.splice import SplicedPrompt
 from engine.core.admission import EngineError, QueueFull, check_request
 from engine import intraop
+from engine.core.kv_events import KVEventLog, KVEventPage
 from engine.core.kv_cache import BlockAllocator, OutOfBlocks, chain_hashes, num_blocks_for_budget
 from engine.kvtier.metrics import TierMetrics
 from engine.kvtier.tiered import TieredKV, open_tiers
@@ -106,6 +107,9 @@ class LLMEngine:
         self.runner = runner if runner is not None else ModelRunner(model, num_blocks, config.block_size)
         self.lockstep = bool(getattr(self.runner, "lockstep", False))
         self.kv_tiers = kv_tiers
+        self.kv_events = KVEventLog() if config.enable_prefix_cache else None
+        if kv_tiers is not None:
+            kv_tiers.events = self.kv_events
         self.allocator = self._new_allocator(num_blocks)
         self.scheduler = Scheduler(self.allocator, config.max_num_seqs, config.max_batch_tokens, config.max_wait_ms / 1000,
                                    config.lone_arrival_ms / 1000 if config.lone_arrival_ms else None,
@@ -147,7 +151,22 @@ class LLMEngine:
 
     def _new_allocator(self, num_blocks: int) -> BlockAllocator:
         return BlockAllocator(num_blocks, self.config.block_size, self.config.enable_prefix_cache,
-                              lower=self.kv_tiers, kv_cache=lambda: self.runner.kv_cache)
+                              lower=self.kv_tiers, kv_cache=lambda: self.runner.kv_cache, events=self.kv_events)
+
+    def kv_event_page(self, epoch: str, after: int) -> KVEventPage | None:
+        """What this engine's KV holds, as events after the reader's cursor (engine.core.kv_events); None without
+        a prefix cache (nothing is ever reused, nothing to route by)."""
+        if self.kv_events is None:
+            return None
+        return self.kv_events.page(epoch, after, self._held)
+
+    def _held(self) -> dict[str, list[int]]:
+        held = {"device": []}
+        if self.runner.num_blocks:
+            held["device"] = self._on_engine_thread(lambda: list(self.allocator.cached))
+        if self.kv_tiers is not None:
+            held.update(self.kv_tiers.held())
+        return held
 
     # ---- what the HTTP front reads (engine/server/core_client.py answers the same) ---------------
     @property
@@ -333,6 +352,8 @@ class LLMEngine:
             raise EngineError(f"{self.num_open} requests are open; the KV cache cannot be swapped under them")
         self.runner.allocate(num_blocks)
         self.allocator = self._new_allocator(num_blocks)
+        if self.kv_events is not None:
+            self.kv_events.renew()
         self.scheduler.allocator = self.allocator
         self.max_model_len = min(self.model.config.context_length, num_blocks * self.config.block_size)
         self.client_tokens.cap = client_cap(self.config.max_client_tokens, self.max_model_len)

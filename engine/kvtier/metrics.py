@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from engine.metrics import MetricFactory
 
+FALLBACK_REASONS = ("corrupt", "unavailable", "missing")
+
 
 class TierMetrics:
     def __init__(self, factory: MetricFactory) -> None:
@@ -29,3 +31,13 @@ class TierMetrics:
         self.write_errors = f.labelled_counter("kv_tier_write_errors_total", "block writes a tier refused", "tier")
         self.read_cost = f.labelled_gauge(
             "kv_tier_read_seconds_per_block", "startup-measured time to load one block from a tier", "tier")
+
+    def show(self, tiers: list[str]) -> None:
+        """Every series of these tiers exists from the start, at 0: a dashboard or an alert reading one that never
+        moved sees a zero, not nothing."""
+        for tier in tiers:
+            for family in (self.queried, self.hit, self.offloaded, self.offload_skipped, self.offload_seconds,
+                           self.onboarded, self.onboard_seconds, self.evictions, self.expirations, self.write_errors):
+                family.labels(tier)
+            for reason in FALLBACK_REASONS:
+                self.fallbacks.labels(tier, reason)

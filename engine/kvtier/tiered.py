@@ -7,8 +7,9 @@ Threads and their jobs:
   write is skipped and counted, the engine never waits on it;
 - fetch threads bring a new prompt's blocks up from disk and the store into host memory while the request waits
   at most what its prefill would cost (engine.core.llm_engine parks it).
-Every block read is checked (engine.kvtier.keys.decode); one that is corrupt, missing or unreachable is recomputed,
-counted and logged, and never read into the cache.
+Blocks in host memory are tensors as exported; on their way to disk or the store they become records with a checksum
+(on the writer thread, off the engine's), and every record read back is checked (engine.kvtier.keys.decode): one
+that is corrupt, missing or unreachable is recomputed, counted and logged, and never read into the cache.
 """
 
 from __future__ import annotations
@@ -25,14 +26,16 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable
 
-from engine.kvtier.block_copy import export_each, import_each
+import torch
+
+from engine.kvtier.block_copy import as_bytes, export_each, from_bytes, import_each
 from engine.errors import TideflowError
 from engine.kvtier.config import KVTierConfig
-from engine.kvtier.keys import RECORD_OVERHEAD, CorruptBlock, KVNamespace, decode, encode
+from engine.kvtier.keys import CorruptBlock, KVNamespace, decode, encode
 from engine.kvtier.metrics import TierMetrics
 from engine.kvtier.tiers import BlockTier, DiskTier, HostTier, StoreTier, TierUnavailable
 from engine.metrics import MetricFactory
-from engine.model.paged import KVCache, kv_bytes_per_block
+from engine.model.paged import KVCache
 from engine.weights.manifest import MANIFEST_NAME
 
 log = logging.getLogger(__name__)
@@ -49,24 +52,28 @@ class KVTierError(TideflowError):
 
 
 class TieredKV:
-    def __init__(self, config: KVTierConfig, namespace: KVNamespace, block_size: int, block_bytes: int,
-                 metrics: TierMetrics | None = None) -> None:
+    def __init__(self, config: KVTierConfig, namespace: KVNamespace, block_size: int, dtype: torch.dtype,
+                 block_shape: tuple[int, ...], metrics: TierMetrics | None = None) -> None:
+        """`block_shape`: one block as export_each makes it, [layers, 2, block_size, kv heads, head dim]."""
         self.config, self.ns = config, namespace
-        self.block_size, self.block_bytes = block_size, block_bytes
+        self.block_size, self.dtype, self.block_shape = block_size, dtype, block_shape
+        self.block_bytes = torch.Size(block_shape).numel() * torch.empty((), dtype=dtype).element_size()
         self.metrics = metrics if metrics is not None else TierMetrics(MetricFactory())
         self.host = HostTier(config.host_bytes, config.host_ttl_s)
         self.disk = DiskTier(_writable(Path(config.disk_path)), config.disk_bytes, config.disk_ttl_s) \
             if config.disk_path else None
         self.store = StoreTier.open(config.store_url, config.store_timeout_s) if config.store_url else None
         self.lower: list[BlockTier] = [t for t in (self.disk, self.store) if t is not None]
+        self.metrics.show([tier.name for tier in [self.host, *self.lower]])
         self.read_cost = {tier.name: self._probe(tier) for tier in [self.host, *self.lower]}
         for name, cost in self.read_cost.items():
             self.metrics.read_cost.labels(name).set(cost)
         self.metrics.capacity.labels("host").set(config.host_bytes)
         if self.disk is not None:
             self.metrics.capacity.labels("disk").set(config.disk_bytes)
+        self.events = None  # engine.core.kv_events.KVEventLog: what is stored and removed, per tier, for the router
         self._uses: OrderedDict[int, int] = OrderedDict()  # engine thread only
-        self._stored: OrderedDict[str, None] = OrderedDict()
+        self._stored: OrderedDict[str, float] = OrderedDict()  # key -> when this member last wrote or read it there
         self._stored_lock = threading.Lock()
         self._seen_drops: dict[tuple[str, str], int] = {}
         self._writes: queue.Queue = queue.Queue(config.queue_blocks)
@@ -82,14 +89,15 @@ class TieredKV:
         """Write, read back and drop one block-sized record: a tier that cannot is refused at startup, with what to
         fix; the read's time is the tier's load cost per block (the cost model onboarding consults)."""
         key = f"{self.ns.prefix}probe-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        record = encode(key, os.urandom(self.block_bytes))
+        block = from_bytes(os.urandom(self.block_bytes), self.dtype, self.block_shape)
         try:
-            tier.put(key, record)
+            tier.put(key, block if tier is self.host else encode(key, as_bytes(block)))
             start = time.perf_counter()
             back = tier.get(key)
             if back is None:
-                raise TierUnavailable("a record written was not there to read")
-            decode(key, back, self.block_bytes)
+                raise TierUnavailable("a block written was not there to read")
+            if tier is not self.host:
+                from_bytes(decode(key, back, self.block_bytes), self.dtype, self.block_shape)
             cost = time.perf_counter() - start
             tier.drop(key)
         except (TierUnavailable, CorruptBlock, OSError) as exc:
@@ -121,57 +129,52 @@ class TieredKV:
         fresh = [(block, key) for (block, _), key in zip(evicted, keys) if not self.host.has(key)]
         if fresh:
             start = time.perf_counter()
-            payloads = export_each(kv_cache, [block for block, _ in fresh])
-            for (_, key), payload in zip(fresh, payloads):
-                self.host.put(key, encode(key, payload))
+            blocks = export_each(kv_cache, [block for block, _ in fresh])
+            for (_, key), block in zip(fresh, blocks):
+                self._put_host(key, block)
             self.metrics.offloaded.labels("host").inc(len(fresh))
             self.metrics.offload_seconds.labels("host").observe((time.perf_counter() - start) / len(fresh))
         for (_, h), key in zip(evicted, keys):
             targets = self._targets(h, key)
-            record = self.host.get(key) if targets else None
-            if record is not None:
-                self._queue(key, record, targets)
+            block = self.host.get(key) if targets else None
+            if block is not None:
+                self._queue(key, block, targets)
 
     def _write_through(self, kv_cache: KVCache, blocks: list[tuple[int, int]]) -> None:
         wanted = [(block, key, targets) for block, h in blocks
                   if (targets := self._targets(h, key := self.ns.key(h)))]
         if not wanted:
             return
-        for (_, key, targets), payload in zip(wanted, export_each(kv_cache, [block for block, _, _ in wanted])):
-            self._queue(key, encode(key, payload), targets)
+        for (_, key, targets), block in zip(wanted, export_each(kv_cache, [block for block, _, _ in wanted])):
+            self._queue(key, block, targets)
 
     def _targets(self, h: int, key: str) -> list[BlockTier]:
         """The lower tiers that admit the block (used often enough) and do not hold it yet."""
         uses = self._uses.get(h, 1)
         return [t for t in self.lower if uses >= self._min_uses(t) and not self._holds(t, key)]
 
-    def _queue(self, key: str, record: bytes, targets: list[BlockTier]) -> None:
+    def _queue(self, key: str, block: torch.Tensor, targets: list[BlockTier]) -> None:
         try:
-            self._writes.put_nowait((key, record, targets))
+            self._writes.put_nowait((key, block, targets))
         except queue.Full:
             for tier in targets:
                 self.metrics.offload_skipped.labels(tier.name).inc()
 
-    def host_run(self, hashes: list[int]) -> list[memoryview]:
-        """The payloads of the leading run of `hashes` that host memory holds, each checked."""
-        found: list[memoryview] = []
+    def host_run(self, hashes: list[int]) -> list[torch.Tensor]:
+        """The blocks of the leading run of `hashes` that host memory holds."""
+        found: list[torch.Tensor] = []
         for h in hashes:
-            key = self.ns.key(h)
-            record = self.host.get(key)
-            if record is None:
+            block = self.host.get(self.ns.key(h))
+            if block is None:
                 break
-            try:
-                found.append(decode(key, record, self.block_bytes))
-            except CorruptBlock as exc:
-                self._distrust(self.host, key, exc)
-                break
+            found.append(block)
         self.metrics.queried.labels("host").inc(len(hashes) * self.block_size)
         self.metrics.hit.labels("host").inc(len(found) * self.block_size)
         return found
 
-    def onboard(self, kv_cache: KVCache, block_ids: list[int], payloads: list[memoryview]) -> None:
+    def onboard(self, kv_cache: KVCache, block_ids: list[int], blocks: list[torch.Tensor]) -> None:
         start = time.perf_counter()
-        import_each(kv_cache, block_ids, payloads)
+        import_each(kv_cache, block_ids, blocks)
         self.metrics.onboarded.labels("host").inc(len(block_ids))
         self.metrics.onboard_seconds.labels("host").observe(time.perf_counter() - start)
 
@@ -214,14 +217,14 @@ class TieredKV:
         while remaining and self.host.has(self.ns.key(remaining[0])):
             remaining.pop(0)
         # a run longer than host memory holds would evict its own head before the engine reads it
-        remaining = remaining[: self.config.host_bytes // (self.block_bytes + RECORD_OVERHEAD)]
+        remaining = remaining[: self.config.host_bytes // self.block_bytes]
         for tier in tiers:
             if not remaining:
                 break
             start = time.perf_counter()
             records = self._read_run(tier, [self.ns.key(h) for h in remaining])
-            for key, record in records:
-                self.host.put(key, record)
+            for key, block in records:
+                self._put_host(key, block)
             self.metrics.queried.labels(tier.name).inc(len(remaining) * self.block_size)
             if records:
                 self.metrics.hit.labels(tier.name).inc(len(records) * self.block_size)
@@ -231,8 +234,8 @@ class TieredKV:
             remaining = remaining[len(records):]
         return brought
 
-    def _read_run(self, tier: BlockTier, keys: list[str]) -> list[tuple[str, bytes]]:
-        """The checked records of the leading run of `keys` that `tier` holds."""
+    def _read_run(self, tier: BlockTier, keys: list[str]) -> list[tuple[str, torch.Tensor]]:
+        """The checked blocks of the leading run of `keys` that `tier` holds."""
         if tier is self.store:
             reads = self._store_reads.map(lambda k: self._read_one(tier, k), keys)
         else:
@@ -244,7 +247,7 @@ class TieredKV:
             run.append((key, record))
         return run
 
-    def _read_one(self, tier: BlockTier, key: str) -> bytes | None:
+    def _read_one(self, tier: BlockTier, key: str) -> torch.Tensor | None:
         indexed = tier.has(key)
         if indexed is False:
             return None
@@ -259,13 +262,13 @@ class TieredKV:
                 self.metrics.fallbacks.labels(tier.name, "missing").inc()
             return None
         try:
-            decode(key, record, self.block_bytes)
+            block = from_bytes(decode(key, record, self.block_bytes), self.dtype, self.block_shape)
         except CorruptBlock as exc:
             self._distrust(tier, key, exc)
             return None
         if tier is self.store:
             self._remember_stored(key)
-        return record
+        return block
 
     def _distrust(self, tier: BlockTier, key: str, exc: CorruptBlock) -> None:
         self.metrics.fallbacks.labels(tier.name, "corrupt").inc()
@@ -274,6 +277,7 @@ class TieredKV:
             tier.drop(key)
         except TierUnavailable:
             pass  # the next read checks it again
+        self._emit("removed", tier.name, [key])
 
     # ---- writer thread ------------------------------------------------------------------------------------------
     def _write_loop(self) -> None:
@@ -289,21 +293,24 @@ class TieredKV:
                 self._write(*item)
             if time.monotonic() >= expire_at:
                 for tier in [self.host, *self.lower]:
-                    tier.expire(time.monotonic())
+                    self._emit("removed", tier.name, tier.expire(time.monotonic()))
                 expire_at = time.monotonic() + EXPIRE_EVERY_S
             self._report()
 
-    def _write(self, key: str, record: bytes, targets: list[BlockTier]) -> None:
+    def _write(self, key: str, block: torch.Tensor, targets: list[BlockTier]) -> None:
+        record = encode(key, as_bytes(block))
         for tier in targets:
             start = time.perf_counter()
             try:
-                tier.put(key, record)
+                dropped = tier.put(key, record)
             except (TierUnavailable, OSError) as exc:
                 self.metrics.write_errors.labels(tier.name).inc()
                 log.warning("KV tier %s refused a block: %s", tier.name, exc)
                 continue
             self.metrics.offloaded.labels(tier.name).inc()
             self.metrics.offload_seconds.labels(tier.name).observe(time.perf_counter() - start)
+            self._emit("stored", tier.name, [key])
+            self._emit("removed", tier.name, dropped)
             if tier is self.store:
                 self._remember_stored(key)
 
@@ -321,18 +328,43 @@ class TieredKV:
                     self._seen_drops[(tier.name, what)] = now
 
     # ---- shared -------------------------------------------------------------------------------------------------
+    def held(self) -> dict[str, list[int]]:
+        """Block hashes each tier holds now (the store: those this member wrote or read there)."""
+        with self._stored_lock:
+            stored = list(self._stored)
+        held = {"host": self._hashes(self.host.keys()), "store": self._hashes(stored)}
+        if self.disk is not None:
+            held["disk"] = self._hashes(self.disk.keys())
+        return held
+
+    def _put_host(self, key: str, block: torch.Tensor) -> None:
+        dropped = self.host.put(key, block)
+        self._emit("stored", "host", [key])
+        self._emit("removed", "host", dropped)
+
+    def _emit(self, kind: str, tier: str, keys: list[str]) -> None:
+        if self.events is not None and keys:
+            hashes = self._hashes(keys)
+            (self.events.stored if kind == "stored" else self.events.removed)(tier, hashes)
+
+    def _hashes(self, keys: list[str]) -> list[int]:
+        """The block hashes of this namespace's keys (a probe's key is none)."""
+        prefix = self.ns.prefix
+        return [int(k[len(prefix):], 16) for k in keys if k.startswith(prefix) and "probe" not in k]
+
     def _min_uses(self, tier: BlockTier) -> int:
         return self.config.disk_min_uses if tier is self.disk else self.config.store_min_uses
 
     def _holds(self, tier: BlockTier, key: str) -> bool:
-        if tier is self.store:
+        if tier is self.store:  # seen there within half its TTL: the object may have expired since
             with self._stored_lock:
-                return key in self._stored
+                seen = self._stored.get(key)
+            return seen is not None and time.monotonic() - seen < self.config.store_ttl_s / 2
         return bool(tier.has(key))
 
     def _remember_stored(self, key: str) -> None:
         with self._stored_lock:
-            self._stored[key] = None
+            self._stored[key] = time.monotonic()
             self._stored.move_to_end(key)
             while len(self._stored) > STORED_KEPT:
                 self._stored.popitem(last=False)
@@ -357,7 +389,8 @@ def open_tiers(config: KVTierConfig, model_dir: str | Path, model_name: str, ver
         model_name, version, dtype=str(model_config.torch_dtype), block_size=block_size,
         layout=(model_config.num_layers, model_config.num_kv_heads, model_config.head_dim),
         weights_id=weights_identity(Path(model_dir)))
-    return TieredKV(config, namespace, block_size, kv_bytes_per_block(model_config, block_size), metrics)
+    shape = (model_config.num_layers, 2, block_size, model_config.num_kv_heads, model_config.head_dim)
+    return TieredKV(config, namespace, block_size, model_config.torch_dtype, shape, metrics)
 
 
 def weights_identity(model_dir: Path) -> str:

@@ -1,6 +1,7 @@
 """The tiers below the device pool, behind one interface: G2 host memory, G3 a local directory, G4 a shared store.
 
-Each keeps whole block records (engine.kvtier.keys.encode) under their namespaced keys. Host memory and the
+Host memory keeps block tensors; disk and the store keep whole block records (engine.kvtier.keys.encode); all
+under the blocks' namespaced keys. Host memory and the
 directory bound their size and age themselves (LRU, TTL); the shared store is bounded by the release pipeline (an S3
 lifecycle rule, or the kv-gc deployment). A Redis- or Mooncake-class store fits the same five calls.
 """
@@ -14,6 +15,8 @@ import time
 from collections import OrderedDict
 from pathlib import Path
 from typing import Protocol
+
+import torch
 
 from engine.weights.errors import WeightsError
 from engine.weights.store import ObjectStore
@@ -29,13 +32,15 @@ class BlockTier(Protocol):
     evictions: int  # blocks dropped for room, counted since start
     expirations: int  # blocks dropped for age
 
-    def get(self, key: str) -> bytes | None: ...
-    def put(self, key: str, record: bytes) -> None: ...
+    def get(self, key: str): ...
+    def put(self, key: str, value) -> list[str]:
+        """Keep `value` under `key`; the keys dropped to make room."""
     def drop(self, key: str) -> None: ...
     def has(self, key: str) -> bool | None:
         """True/False where the tier knows without a round trip; None where only a read can tell (the store)."""
     def used_bytes(self) -> int | None: ...
-    def expire(self, now: float) -> None: ...
+    def expire(self, now: float) -> list[str]:
+        """Drop what is older than the tier's TTL; the keys dropped."""
 
 
 class _LRU:
@@ -82,49 +87,59 @@ class _LRU:
 
 
 class HostTier:
-    """G2: records in this process's memory. Safe from any thread (the engine reads, fetch threads write)."""
+    """G2: block tensors in this process's memory, as exported (no record, no checksum: the bytes never left the
+    process; they get both on their way to disk or the store). Safe from any thread (the engine reads, fetch threads
+    write)."""
 
     name = "host"
 
     def __init__(self, capacity: int, ttl_s: float | None) -> None:
         self._lock = threading.Lock()
         self._lru = _LRU(capacity, ttl_s)
-        self._records: dict[str, bytes] = {}
+        self._blocks: dict[str, torch.Tensor] = {}
         self.evictions = self.expirations = 0
 
-    def get(self, key: str) -> bytes | None:
+    def get(self, key: str) -> torch.Tensor | None:
         with self._lock:
             if not self._lru.touch(key, time.monotonic()):
-                if self._records.pop(key, None) is not None:
+                if self._blocks.pop(key, None) is not None:
                     self.expirations += 1
                 return None
-            return self._records[key]
+            return self._blocks[key]
 
-    def put(self, key: str, record: bytes) -> None:
+    def put(self, key: str, block: torch.Tensor) -> list[str]:
         with self._lock:
-            self._records[key] = record
-            for dropped in self._lru.add(key, len(record), time.monotonic()):
-                del self._records[dropped]
-                self.evictions += 1
+            self._blocks[key] = block
+            dropped = self._lru.add(key, block.nbytes, time.monotonic())
+            for gone in dropped:
+                del self._blocks[gone]
+            self.evictions += len(dropped)
+        return dropped
 
     def drop(self, key: str) -> None:
         with self._lock:
             self._lru.forget(key)
-            self._records.pop(key, None)
+            self._blocks.pop(key, None)
 
     def has(self, key: str) -> bool:
         with self._lock:
-            return key in self._records
+            return key in self._blocks
 
     def used_bytes(self) -> int:
         return self._lru.used
 
-    def expire(self, now: float) -> None:
+    def keys(self) -> list[str]:
         with self._lock:
-            for key in self._lru.stale(now):
+            return list(self._blocks)
+
+    def expire(self, now: float) -> list[str]:
+        with self._lock:
+            stale = self._lru.stale(now)
+            for key in stale:
                 self._lru.forget(key)
-                del self._records[key]
-                self.expirations += 1
+                del self._blocks[key]
+            self.expirations += len(stale)
+        return stale
 
 
 class DiskTier:
@@ -171,7 +186,7 @@ class DiskTier:
                 self._lru.forget(key)
             return None
 
-    def put(self, key: str, record: bytes) -> None:
+    def put(self, key: str, record: bytes) -> list[str]:
         path = self._path(key)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f"{path.name}.tmp.{os.getpid()}.{threading.get_ident()}.{next(self._names)}")
@@ -182,6 +197,7 @@ class DiskTier:
             self.evictions += len(dropped)
         for key_dropped in dropped:
             self._unlink(key_dropped)
+        return dropped
 
     def drop(self, key: str) -> None:
         with self._lock:
@@ -195,7 +211,11 @@ class DiskTier:
     def used_bytes(self) -> int:
         return self._lru.used
 
-    def expire(self, now: float) -> None:
+    def keys(self) -> list[str]:
+        with self._lock:
+            return list(self._lru.entries)
+
+    def expire(self, now: float) -> list[str]:
         with self._lock:
             stale = self._lru.stale(now)
             for key in stale:
@@ -203,6 +223,7 @@ class DiskTier:
             self.expirations += len(stale)
         for key in stale:
             self._unlink(key)
+        return stale
 
 
 class StoreTier:
@@ -224,11 +245,12 @@ class StoreTier:
         except (WeightsError, OSError) as exc:
             raise TierUnavailable(f"store {self.store.url}: {exc}") from None
 
-    def put(self, key: str, record: bytes) -> None:
+    def put(self, key: str, record: bytes) -> list[str]:
         try:
             self.store.write_bytes(key, record)
         except (WeightsError, OSError) as exc:
             raise TierUnavailable(f"store {self.store.url}: {exc}") from None
+        return []
 
     def drop(self, key: str) -> None:
         try:
@@ -242,5 +264,6 @@ class StoreTier:
     def used_bytes(self) -> None:
         return None
 
-    def expire(self, now: float) -> None:
+    def expire(self, now: float) -> list[str]:
         """Objects in the store expire by the pipeline's lifecycle rule or kv-gc, not per member."""
+        return []

@@ -6,6 +6,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
+import time
 from urllib.parse import urlsplit
 from contextlib import asynccontextmanager
 
@@ -21,6 +22,7 @@ from engine.errors import TideflowError
 from engine.http import bearer_async_client
 from engine.router.config import RouterConfig
 from engine.router.health import HealthMonitor
+from engine.router.kv_index import KVIndex
 from engine.router.metrics import RouterMetrics
 from engine.server.cpu_pool import INLINE_BYTES, CpuPool
 from engine.router.prompt import PromptPreparer
@@ -70,9 +72,11 @@ def create_router_app(config: RouterConfig, api_keys: list[str | ApiKey], admin_
         # them, so a request is never sent on a socket the server is closing (a spurious ReadError).
         limits = httpx.Limits(max_connections=1024, max_keepalive_connections=256, keepalive_expiry=2.0)
         async with bearer_async_client(upstream_key, limits=limits) as client:
-            monitor = HealthMonitor(registry, client, config.health_interval_s, config.eject_after, config.readmit_after)
+            kv_index = KVIndex() if config.kv_routing.mode == "precise" else None
+            monitor = HealthMonitor(registry, client, config.health_interval_s, config.eject_after, config.readmit_after,
+                                    kv_index)
             state["proxy"] = Proxy(config, registry, client, metrics, preparer.prepare if preparer else _no_pd, headers,
-                                   cpu)
+                                   cpu, kv_index or KVIndex())
             sync = None
             if config.controller_url:
                 sync = ControllerSync(registry, config.controller_url, routes_key,
@@ -161,6 +165,13 @@ def create_router_app(config: RouterConfig, api_keys: list[str | ApiKey], admin_
     @app.get("/admin/groups", dependencies=[Depends(admin_auth)])
     async def list_groups() -> dict:
         return {"groups": [g.summary() for g in registry.groups()]}
+
+    @app.get("/admin/kv-index", dependencies=[Depends(admin_auth)])
+    async def kv_index_now() -> dict:
+        """What this router knows of the KV each member holds, and how its placements were made."""
+        proxy = state["proxy"]
+        return {"mode": config.kv_routing.mode, "choices": proxy.kv_router.choices,
+                "members": proxy.kv_router.index.summary(time.monotonic())}
 
     @app.post("/admin/groups", dependencies=[Depends(admin_auth), Depends(writable)])
     async def register(reg: GroupRegistration) -> dict:

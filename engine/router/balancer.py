@@ -17,7 +17,7 @@ class PrefillBalancer:
         self.capacity = capacity
 
     def choose(self, candidates: list[EndpointState], block_hashes: list[int]) -> EndpointState:
-        least = min(candidates, key=_prefill_load)
+        least = min(candidates, key=prefill_load)
         by_url = {c.endpoint.url: c for c in candidates}
         matched: dict[str, int] = {}
         for h in block_hashes:
@@ -27,7 +27,7 @@ class PrefillBalancer:
             matched[url] = matched.get(url, 0) + 1
         if matched:
             best = by_url[max(matched, key=matched.get)]
-            if _prefill_load(best) - _prefill_load(least) <= self.threshold:
+            if prefill_load(best) - prefill_load(least) <= self.threshold:
                 return best
         return least
 
@@ -39,7 +39,7 @@ class PrefillBalancer:
             self._owner.popitem(last=False)
 
 
-def _prefill_load(e: EndpointState) -> int:
+def prefill_load(e: EndpointState) -> int:
     return e.queued_prefill_tokens + int(e.stats.get("queued_prefill_tokens", 0))
 
 

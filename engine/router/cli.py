@@ -36,6 +36,10 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
                    help="take the groups from this controller (key in $TIDEFLOW_ROUTES_KEY); its admin API is then read-only")
     p.add_argument("--advertise", default=None, help="how this replica names itself to the controller (default host:port)")
     p.add_argument("--max-body-bytes", type=int, default=8 << 20, help="largest request body accepted (413 above)")
+    p.add_argument("--kv-routing", choices=["precise", "approximate", "least-queued"], default="precise",
+                   help="place prompts on a group's members by the KV blocks each holds (precise: the members' KV "
+                        "event feeds; approximate: where the router sent each prefix before; least-queued: by load "
+                        "alone); --model-dir is needed for a colocated group's prompts to be read")
     p.add_argument("--max-open-per-key", type=int, default=256,
                    help="requests one API key may have open at once (429 beyond); 0: no cap")
     p.add_argument("--prompt-workers", type=int, default=2,
@@ -52,6 +56,7 @@ def _run(args: argparse.Namespace) -> int:
 
     from engine.router.app import ADMIN_KEYS_ENV, UPSTREAM_KEY_ENV, create_router_app, keys_from_env
     from engine.router.config import RouterConfig
+    from engine.router.kv_index import KVRoutingConfig
     from engine.router.sync import ROUTES_KEY_ENV
     from engine.server.auth import load_api_keys
 
@@ -64,6 +69,7 @@ def _run(args: argparse.Namespace) -> int:
                           max_open_per_key=args.max_open_per_key or None,
                           member_networks=args.member_network,
                           controller_url=args.controller_url, advertise=args.advertise,
+                          kv_routing=KVRoutingConfig(mode=args.kv_routing),
                           connections=connection_limits.from_args(args))
     try:
         client_keys = load_api_keys(args.api_key_file)

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field, IPvAnyNetwork
 
+from engine.router.kv_index import KVRoutingConfig
 from engine.server.connection_limits import ConnectionLimits
 
 
@@ -53,4 +54,5 @@ class RouterConfig(BaseModel):
         None, description="take the groups from this controller (watch) instead of the admin API; keeps the last "
                           "route set while the controller is away")
     advertise: str | None = Field(None, description="how this replica names itself to the controller (default host:port)")
-    affinity_threshold_tokens: int = Field(2048, ge=0, description="prefill LB: queued-token gap beyond which load beats cache affinity")
+    kv_routing: KVRoutingConfig = Field(default_factory=KVRoutingConfig,
+                                        description="placing prompts by the KV the members hold (engine.router.kv_index)")

@@ -10,6 +10,7 @@ import logging
 
 import httpx
 
+from engine.router.kv_index import KVIndex
 from engine.router.registry import EndpointState, Registry
 
 log = logging.getLogger(__name__)
@@ -17,8 +18,9 @@ log = logging.getLogger(__name__)
 
 class HealthMonitor:
     def __init__(self, registry: Registry, client: httpx.AsyncClient, interval_s: float, eject_after: int,
-                 readmit_after: int) -> None:
-        self.registry, self.client = registry, client
+                 readmit_after: int, kv_index: KVIndex | None = None) -> None:
+        """With `kv_index`, each probe of a colocated or prefill member also reads its KV event feed into it."""
+        self.registry, self.client, self.kv_index = registry, client, kv_index
         self.interval_s, self.eject_after, self.readmit_after = interval_s, eject_after, readmit_after
         self._task: asyncio.Task | None = None
 
@@ -44,9 +46,29 @@ class HealthMonitor:
                 stats = await self.client.get(e.endpoint.url + "/internal/stats", timeout=self.interval_s * 4)
                 if stats.status_code == 200:
                     e.stats = stats.json()
+                if self.kv_index is not None and e.endpoint.role in ("colocated", "prefill"):
+                    await self.read_kv_events(e)
         except (httpx.HTTPError, ValueError):
             ok = False
         self.observe(e, ok)
+
+    async def read_kv_events(self, e: EndpointState) -> None:
+        """Pages of the member's feed until it has no more (a few at most per probe); a member without a feed is
+        routed without one."""
+        url = e.endpoint.url
+        for _ in range(8):
+            epoch, after = self.kv_index.cursor(url)
+            got = await self.client.get(url + "/internal/kv-events", params={"epoch": epoch, "after": after},
+                                        timeout=self.interval_s * 4)
+            if got.status_code == 404:
+                self.kv_index.silent(url)
+                return
+            if got.status_code != 200:
+                return  # the feed goes stale, and the fallback takes over
+            page = got.json()
+            self.kv_index.apply(url, page)
+            if page.get("reset") or not page.get("events"):
+                return
 
     def observe(self, e: EndpointState, ok: bool) -> None:
         if ok:

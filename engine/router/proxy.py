@@ -27,7 +27,8 @@ from fastapi.responses import Response, StreamingResponse
 from engine.http import sse_lines
 from engine.core.kv_cache import block_hash
 from engine.core.resume import TRACE_HEADER
-from engine.router.balancer import DecodeBalancer, LeastQueuedBalancer, PrefillBalancer
+from engine.router.balancer import DecodeBalancer, LeastQueuedBalancer
+from engine.router.kv_index import KVIndex, KVRouter
 from engine.router.config import RouterConfig
 from engine.server.cpu_pool import CpuPool
 from engine.router.health import HealthMonitor
@@ -104,14 +105,13 @@ class OpenRequests:
 
 class Proxy:
     def __init__(self, config: RouterConfig, registry: Registry, client: httpx.AsyncClient, metrics: RouterMetrics,
-                 prepare_prompt, upstream_headers: dict[str, str], cpu: CpuPool) -> None:
+                 prepare_prompt, upstream_headers: dict[str, str], cpu: CpuPool, kv_index: KVIndex) -> None:
         self.config, self.registry, self.client, self.metrics = config, registry, client, metrics
         self.prepare_prompt = prepare_prompt  # (api, body) -> prompt token ids, for PD groups
         self.cpu = cpu  # where prompts are tokenized, hashed and serialized (never on the event loop)
         self.headers = upstream_headers
-        self.prefill_lb = PrefillBalancer(config.affinity_threshold_tokens)
+        self.kv_router = KVRouter(config.kv_routing, kv_index, config.block_size)  # colocated and prefill members
         self.decode_lb = DecodeBalancer()
-        self.colocated_lb = LeastQueuedBalancer()
         self.encoder_lb = LeastQueuedBalancer()
         self.images = ImagePrompts(config.model_dir) if config.model_dir else None
         self.open_requests = OpenRequests(config.max_open_per_key)
@@ -200,7 +200,10 @@ class Proxy:
     async def _open(self, group: GroupState, api: str, upstream: dict, record: StreamRecord, deadline: float) -> Opened:
         resume = record.resume().model_dump() if record.started else None
         if not group.disaggregated:
-            target = self.colocated_lb.choose(group.by_role("colocated") or _fail("no healthy colocated member"))
+            candidates = group.by_role("colocated") or _fail("no healthy colocated member")
+            hashes = await self._colocated_hashes(api, upstream, record) if len(candidates) > 1 else []
+            target = self.kv_router.choose(candidates, hashes, colocated=True)
+            self.kv_router.record(target, hashes)
             if resume is None:
                 return await self._post(target, f"/v1/{api}", json.dumps(upstream).encode(), True, deadline,
                                         record.client)
@@ -211,7 +214,7 @@ class Proxy:
             record.prompt_ids, record.images, record.extras = await self._prompt(group, api, upstream, record.image_urls,
                                                                                  deadline)
             record.block_hashes = await self.cpu.run(_block_hashes, record.prompt_ids, self.config.block_size,
-                                                     record.extras)
+                                                     salted(record.extras, upstream))
         prompt, images = record.prompt_ids, record.images
         prefill = await self._prefill(group, prompt, upstream, record.block_hashes, deadline, images, resume,
                                       record.client)
@@ -219,6 +222,20 @@ class Proxy:
                                                  "images": images, "resume": resume, **prefill})
         target = self.decode_lb.choose(group.by_role("decode") or _fail("no healthy decode member"))
         return await self._post(target, "/internal/decode", decode_body, True, deadline, record.client)
+
+    async def _colocated_hashes(self, api: str, body: dict, record: StreamRecord) -> list[int]:
+        """The block hashes of a colocated request's prompt, to place it by the KV members hold; none when the mode
+        needs none, the router has no tokenizer, or the prompt holds images (left to the member to read)."""
+        if self.config.kv_routing.mode == "least-queued" or self.config.model_dir is None or record.image_urls:
+            return []
+        if record.block_hashes:
+            return record.block_hashes
+        try:
+            ids = await self.cpu.run(self.prepare_prompt, api, body)
+        except APIError:
+            return []  # the member answers the error itself (or a full tokenizing pool sends it unplaced)
+        record.block_hashes = await self.cpu.run(_block_hashes, ids, self.config.block_size, salted({}, body))
+        return record.block_hashes
 
     async def _prompt(self, group: GroupState, api: str, body: dict, urls: list[str],
                       deadline: float) -> tuple[list[int], list[dict], dict]:
@@ -260,7 +277,7 @@ class Proxy:
                 break
             if attempt:
                 self.metrics.retries(group).inc()
-            target = self.prefill_lb.choose(candidates, hashes)
+            target = self.kv_router.choose(candidates, hashes, colocated=False)
             target.queued_prefill_tokens += len(prompt)
             try:
                 if content is None:
@@ -280,7 +297,7 @@ class Proxy:
                 continue
             finally:
                 target.queued_prefill_tokens -= len(prompt)
-            self.prefill_lb.record(target, hashes)
+            self.kv_router.record(target, hashes)
             return handoff
         raise UpstreamFailed(last)
 
@@ -532,6 +549,14 @@ def _block_hashes(tokens: list[int], block_size: int, extras: dict[int, bytes] |
         prev = block_hash(prev, tokens[i : i + block_size], (extras or {}).get(i // block_size, b""))
         hashes.append(prev)
     return hashes
+
+
+def salted(extras: dict[int, bytes], body: dict) -> dict[int, bytes]:
+    """A request's cache_salt folded into its first block's name, as the engine does (engine.core.llm_engine)."""
+    salt = body.get("cache_salt")
+    if not isinstance(salt, str) or not salt:
+        return extras
+    return {**extras, 0: b"salt:" + salt.encode() + extras.get(0, b"")}
 
 
 def _fail(why: str):

@@ -9,7 +9,7 @@ import threading
 from contextlib import asynccontextmanager
 from typing import AsyncIterator
 
-from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi import APIRouter, Depends, FastAPI, Query, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from engine.server.cpu_pool import CpuPool
@@ -101,6 +101,16 @@ def create_app(engine: LLMEngine, model_name: str, api_keys: list[str | ApiKey] 
         """Load figures the router's balancers read."""
         return {"ready": engine.ready, **engine.stats}
 
+    @open_routes.get("/internal/kv-events")
+    async def kv_events(epoch: str = Query("", max_length=64), after: int = Query(0, ge=0)) -> Response:
+        """What this member's KV holds, as events after the reader's cursor (the router's precise KV routing)."""
+        page = getattr(engine, "kv_event_page", None)  # an engine core in its own process does not publish them
+        found = None if page is None else await asyncio.to_thread(page, epoch, after)
+        if found is None:
+            return error_response(404, "this member publishes no KV events (no prefix cache, or an engine core in a "
+                                       "process of its own)", code="no_kv_events")
+        return Response(found.model_dump_json(), media_type="application/json")
+
     @open_routes.get("/metrics")
     async def metrics() -> Response:
         body, content_type = await asyncio.to_thread(engine.render_metrics)  # a core in its own process: a round trip
@@ -133,12 +143,12 @@ def create_app(engine: LLMEngine, model_name: str, api_keys: list[str | ApiKey] 
 
             def last(out: RequestOutput) -> str:
                 return CompletionResponse(id=rid, model=model_name, choices=[],
-                                          usage=usage(out.prompt_tokens, out.completion_tokens)).model_dump_json()
+                                          usage=usage(out.prompt_tokens, out.completion_tokens, out.cached_tokens)).model_dump_json()
 
             return _sse(engine, stream, None, chunk, last if body.include_usage else None, _trace(request, prompt))
         text, out, tokens, logprobs = await _collect(engine, stream, request)
         made = None if body.logprobs is None else logprob_text.completion(tokens, logprobs, start)
-        return CompletionResponse(id=rid, model=model_name, usage=usage(out.prompt_tokens, out.completion_tokens),
+        return CompletionResponse(id=rid, model=model_name, usage=usage(out.prompt_tokens, out.completion_tokens, out.cached_tokens),
                                   choices=[CompletionChoice(text=text, logprobs=made, finish_reason=_reason(out))])
 
     async def respond_chat(body: ChatCompletionRequest, request: Request, stream: RequestStream, prompt: list[int],
@@ -156,14 +166,14 @@ def create_app(engine: LLMEngine, model_name: str, api_keys: list[str | ApiKey] 
 
             def last(out: RequestOutput) -> str:
                 return ChatCompletionChunk(id=rid, model=model_name, choices=[],
-                                           usage=usage(out.prompt_tokens, out.completion_tokens)).model_dump_json()
+                                           usage=usage(out.prompt_tokens, out.completion_tokens, out.cached_tokens)).model_dump_json()
 
             return _sse(engine, stream, make(ChatDelta(role="assistant", content=""), None), chunk,
                         last if body.include_usage else None, _trace(request, prompt))
         text, out, tokens, logprobs = await _collect(engine, stream, request)
         made = logprob_text.chat(tokens, logprobs) if body.logprobs else None
         return ChatCompletionResponse(
-            id=rid, model=model_name, usage=usage(out.prompt_tokens, out.completion_tokens),
+            id=rid, model=model_name, usage=usage(out.prompt_tokens, out.completion_tokens, out.cached_tokens),
             choices=[ChatChoice(message=ChatMessageOut(content=text), logprobs=made, finish_reason=_reason(out))],
         )
 

@@ -170,14 +170,23 @@ def _same(value: Any, unset: Any) -> bool:
     return type(value) is type(unset) and value == unset
 
 
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int = Field(description="prompt tokens whose KV was reused (the KV cache or a tier below it), not "
+                                           "computed")
+
+
 class Usage(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails | None = None
 
 
-def usage(prompt: int, completion: int) -> Usage:
-    return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
+def usage(prompt: int, completion: int, cached: int | None = None) -> Usage:
+    """OpenAI's usage; `cached` where the answer's engine knows it (a member, not a router after a migration)."""
+    details = None if cached is None else PromptTokensDetails(cached_tokens=cached)
+    return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion,
+                 prompt_tokens_details=details)
 
 
 def new_id(prefix: str) -> str:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import random
 import re
 import shutil
 import subprocess
@@ -85,6 +86,9 @@ def _group(name: str, model_dir: str, roles: list[dict]) -> InferenceGroup:
 
 
 ENGINE = {"kv_cache_bytes": 8_000_000, "max_wait_ms": 2}
+# The pool's member keeps KV in host memory below a cache of 24 tiny-model blocks, so that prompts sent to it twice
+# are evicted and loaded back: the KVCache row and the KV tier alerts read what it reports.
+TIERED = {"kv_cache_bytes": 24 * 8192, "max_wait_ms": 2, "kv_tiers": {"host_bytes": 1 << 20}}
 
 
 @pytest.fixture(scope="module")
@@ -94,13 +98,14 @@ def observed_fleet(controller, controller_model_dir, tideflow_home, tmp_path_fac
     pd = _group("obs-pd", model, [{"role": "prefill", "parallel": "DEP2", "engine": ENGINE},
                                   {"role": "decode", "engine": ENGINE}])
     controller.apply(pd)
-    template = _group("obs-pool", model, [{"role": "colocated", "engine": ENGINE}])
+    template = _group("obs-pool", model, [{"role": "colocated", "engine": TIERED}])
     bounds = Bounds(min_groups=0, max_groups=1)
     controller.scale_pool(ScalePool(template=template, target=0, warm_pool=1, bounds=bounds))  # one standby
     assert controller.wait_for("obs-pd", {GroupState.READY}, 240).state == GroupState.READY
     assert controller.wait_for("obs-pool-0", {GroupState.STANDBY, GroupState.READY}, 240).state == GroupState.STANDBY
 
     status = controller.status()
+    pool_member = next(m.endpoint for g in status.groups if g.name == "obs-pool-0" for m in g.members)
     router = urlparse(status.router_url).netloc
     members = sorted({urlparse(m.endpoint).netloc for g in status.groups for m in g.members if m.endpoint})
     store = Store(tideflow_home / "controller.db")
@@ -118,9 +123,11 @@ def observed_fleet(controller, controller_model_dir, tideflow_home, tmp_path_fac
         controller.scale_pool(ScalePool(template=template, target=1, warm_pool=0, bounds=bounds))  # activates it
         controller.record_canary(CanaryRecord(stable="obs-pd", canary="obs-pool-0", step=0, percent=5))
         _load(status.router_url, client_key)
+        _evict_and_reload(pool_member, member_key)
         # the last requests and the activation are in Prometheus, with a scrape before and after them
         _wait_until(lambda: _value(prom.url, 'sum(tideflow_router_requests_total{status="ok"})') >= REQUESTS
-                    and _value(prom.url, "sum(tideflow_controller_activation_seconds_count)") >= 1, 60,
+                    and _value(prom.url, "sum(tideflow_controller_activation_seconds_count)") >= 1
+                    and _value(prom.url, "sum(tideflow_kv_tier_onboard_blocks_total)") > 0, 60,
                     lambda: _targets(prom.url))
         time.sleep(2)  # two more scrape periods, so rate() over the window sees the end of the load
         yield prom.url
@@ -155,6 +162,18 @@ def _load(router_url: str, key: str) -> None:
     with ThreadPoolExecutor(4) as pool:
         answers = list(pool.map(one, range(REQUESTS)))
     assert all(answers)
+
+
+def _evict_and_reload(member_url: str, key: str) -> None:
+    """Six prompts of 15 blocks (10 shared) twice each, in turn, straight to the tiered member: the second pass finds
+    the blocks the first evicted in host memory."""
+    client = openai.OpenAI(base_url=member_url + "/v1", api_key=key, max_retries=0,
+                           http_client=httpx.Client(trust_env=False, timeout=120))
+    rng = random.Random(5)
+    system = [rng.randrange(3, 500) for _ in range(160)]
+    prompts = [system + [rng.randrange(3, 500) for _ in range(80)] for _ in range(6)]
+    for prompt in prompts * 2:
+        assert client.completions.create(model="default", prompt=prompt, max_tokens=2, temperature=0).choices
 
 
 def _query(url: str, expr: str, at: float) -> list[dict]:

@@ -32,7 +32,7 @@ def test_every_flow_has_a_deployment_whose_entrypoint_imports():
     configs = {c.name: c for c in deployment_entries(PREFECT_YAML)}
     assert set(configs) == {"build-kernels", "publish-weights", "deploy-group", "canary-release", "load-drill-nightly",
                             "fault-drill-nightly", "tidal-scale-up", "tidal-scale-down", "autoscaler", "fleet-status",
-                            "release"}
+                            "kv-gc", "release"}
     for config in configs.values():
         flow = load_flow_from_entrypoint(str(ENTRYPOINT_ROOT / config.entrypoint), use_placeholder_flow=False)
         assert flow.name == config.entrypoint.rsplit(":", 1)[1]
@@ -47,7 +47,7 @@ def test_tidal_crons_nightly_drills_and_the_canary_trigger():
     assert crons("tidal-scale-up") == [("0 8 * * *", None)]  # the zone comes from where it is served
     assert crons("tidal-scale-down") == [("0 23 * * *", None)]
     assert configs["tidal-scale-up"].parameters["params"]["target"] > configs["tidal-scale-down"].parameters["params"]["target"]
-    assert crons("load-drill-nightly") and crons("fault-drill-nightly")
+    assert crons("load-drill-nightly") and crons("fault-drill-nightly") and crons("kv-gc")
     (trigger,) = configs["canary-release"].triggers
     assert trigger.expect == {PUBLISHED_EVENT}
     assert trigger.parameters["params"]["canary"]["weights_url"] == "{{ event.payload.url }}"

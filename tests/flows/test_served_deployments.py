@@ -8,7 +8,9 @@ Slow (a fresh Prefect database is migrated, groups of the default model start se
 
 from __future__ import annotations
 
+import os
 import threading
+import time
 from pathlib import Path
 
 import openai
@@ -119,3 +121,18 @@ def test_published_weights_trigger_a_canary_on_the_serving_fleet(served, control
     assert answered and all(answered)
     (run,) = flow_runs(served, "canary-release")  # the trigger fired once
     assert run["state"]["type"] == "COMPLETED"
+
+
+def test_kv_gc_deletes_exactly_the_expired_blocks_from_a_deployment_run(served, controller, tmp_path):
+    """The scheduled sweep, run as the schedule runs it: a directory store (no lifecycle rules) loses the blocks
+    older than its TTL and keeps the rest and everything that is not KV."""
+    store = tmp_path / "kv-store"
+    kept, expired = store / "kv/default/v1/salt/fresh", store / "kv/default/v1/salt/old"
+    weights = store / "models/default/v1/weights.bin"
+    for path, age_days in ((kept, 0.5), (expired, 3), (weights, 9)):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"block")
+        then = time.time() - age_days * 86400
+        os.utime(path, (then, then))
+    out = run_deployment(served, "kv_gc/kv-gc", {"extra_stores": {store.as_uri() + "/": 86400}})
+    assert kept.exists() and weights.exists() and not expired.exists(), out[-2000:]

@@ -4,22 +4,24 @@ from __future__ import annotations
 
 import time
 
+import torch
+
 from engine.kvtier.tiers import DiskTier, HostTier
 
 
 def test_host_memory_drops_the_least_recently_used_past_its_size():
     host = HostTier(capacity=300, ttl_s=None)
     for key in "abc":
-        host.put(key, b"x" * 100)
+        host.put(key, torch.zeros(100, dtype=torch.uint8))
     assert host.get("a") is not None  # a is now the most recent
-    host.put("d", b"x" * 100)
-    assert host.get("b") is None and host.get("a") and host.get("c") and host.get("d")
+    host.put("d", torch.zeros(100, dtype=torch.uint8))
+    assert host.get("b") is None and all(host.get(k) is not None for k in "acd")
     assert host.evictions == 1 and host.used_bytes() == 300
 
 
 def test_host_memory_expires_unused_blocks():
     host = HostTier(capacity=1 << 20, ttl_s=0.05)
-    host.put("a", b"1")
+    host.put("a", torch.zeros(1, dtype=torch.uint8))
     time.sleep(0.1)
     host.expire(time.monotonic())
     assert host.get("a") is None and host.expirations == 1 and host.used_bytes() == 0

@@ -56,7 +56,14 @@ def test_chat_logprobs_are_transformers_own_and_the_stream_carries_the_same(clie
         assert max(abs(t.logprob - v) for t, v in zip(entry.top_logprobs, top.values.tolist())) < 1e-3
         assert abs(entry.logprob - top.values[0].item()) < 1e-3
     streamed = [c.choices[0].logprobs for c in client.chat.completions.create(stream=True, **args) if c.choices]
-    assert [e for lp in streamed if lp for e in lp.content] == entries
+    again = [e for lp in streamed if lp for e in lp.content]
+    # The same tokens and alternatives; the values equal to float rounding only: the second request reuses the
+    # first one's cached prompt blocks, so its logits come from a step of another shape (on a CPU without AMX the
+    # last digits differ)
+    assert [(e.bytes, [t.bytes for t in e.top_logprobs]) for e in again] == \
+        [(e.bytes, [t.bytes for t in e.top_logprobs]) for e in entries]
+    assert max(abs(a.logprob - b.logprob) for x, y in zip(again, entries)
+               for a, b in zip([x, *x.top_logprobs], [y, *y.top_logprobs])) < 1e-4
 
 
 def test_completion_logprobs_are_lists_with_offsets_into_the_text(client):

@@ -1,0 +1,188 @@
+"""Multi-turn chat with a KV cache too small for the live conversations: time to first token with the KV tiers below
+the cache against the cache alone, in one run on the same server flags and the same conversations.
+
+    python benchmarks/kv_tiers.py [--conversations 48] [--turns 6] [--system 1024] [--question 64] [--answer 32]
+                                  [--rate 2] [--think-s 4] [--kv-share 0.25] [--configs none host disk]
+
+Every conversation shares one system prompt of `--system` tokens. Conversations start as a Poisson process of
+`--rate` per second; each turn sends the whole history (system prompt, every earlier question and answer) plus a
+new question of `--question` tokens, streams `--answer` tokens back greedily, and after an exponential think time
+of mean `--think-s` sends the next. The device KV cache holds the system prompt and `--kv-share` of the
+conversations' final histories (a quarter by default: the others' blocks are evicted between their turns).
+
+Configs, each a fresh `tideflow serve` of the default model:
+    none   the KV cache alone (what a member without tiers does: an evicted history is computed again)
+    host   + host memory (--kv-host-bytes) holding half the conversations' histories
+    disk   + a local disk directory below the same host memory
+Printed per config: TTFT p50 / p99 of turns >= 2 and of first turns, output tokens/s, and the token hit rate of
+each tier read from the server's own counters (tideflow_kv_tier_hit_tokens_total / _queried_tokens_total), plus the
+pool's own hit rate. The answers of every config are compared with those of `none`: greedy outputs must be the same.
+Targets (issue #39): TTFT p50 of turns >= 2 <= 0.4x of `none`'s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import openai
+from prometheus_client.parser import text_string_to_metric_families
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import host, print_table  # noqa: E402
+
+from engine.default_model import DEFAULT_CONFIG, write_default_model  # noqa: E402
+from engine.drills.workload import PromptSynthesizer  # noqa: E402
+from engine.model.paged import kv_bytes_per_block  # noqa: E402
+from engine.process import Child, free_port, tideflow_argv, wait_http_ok  # noqa: E402
+
+KEY = "kv-tiers-bench"
+BLOCK = 16
+
+
+def start(model_dir: Path, name: str, extra: list[str], log_dir: Path) -> tuple[Child, str]:
+    port = free_port()
+    argv = tideflow_argv("serve", "--model", str(model_dir), "--port", str(port), "--served-model-name", "default",
+                         "--kernels", "auto", "--block-size", str(BLOCK), *extra)
+    child = Child(f"serve-{name}", argv, log_dir / f"serve-{name}.log", {"TIDEFLOW_API_KEYS": KEY})
+    url = f"http://127.0.0.1:{port}"
+    if not wait_http_ok(url + "/ready", 900, child):
+        raise SystemExit(f"tideflow serve ({name}) did not get ready: {child.log_tail()}")
+    return child, url
+
+
+async def turn(client: openai.AsyncOpenAI, prompt: str, answer: int) -> tuple[float, str, int]:
+    """TTFT, the answer's text and its tokens. Each token is a chunk of its own (logprobs=0): a stream sends no text
+    until a character is whole, which would move a first token of the default model's random weights late."""
+    t0 = time.perf_counter()
+    first, text, tokens = None, [], 0
+    stream = await client.completions.create(model="default", prompt=prompt, max_tokens=answer, temperature=0,
+                                             logprobs=0, stream=True, extra_body={"ignore_eos": True})
+    async for chunk in stream:
+        if chunk.choices and chunk.choices[0].logprobs and chunk.choices[0].logprobs.tokens:
+            if first is None:
+                first = time.perf_counter() - t0
+            tokens += len(chunk.choices[0].logprobs.tokens)
+        if chunk.choices:
+            text.append(chunk.choices[0].text or "")
+    return (first if first is not None else float("nan")), "".join(text), tokens
+
+
+async def workload(url: str, system: str, questions: list[list[str]], args) -> dict:
+    """Run every conversation; TTFTs by turn kind, answers by (conversation, turn), tokens/s."""
+    rng = random.Random(1)
+    starts = np.cumsum([rng.expovariate(args.rate) for _ in questions])
+    thinks = [[rng.expovariate(1 / args.think_s) for _ in range(args.turns)] for _ in questions]
+    ttft_first, ttft_later, answers, received = [], [], {}, [0]
+
+    async def conversation(c: int, client: openai.AsyncOpenAI) -> None:
+        await asyncio.sleep(starts[c])
+        history = system
+        for t, question in enumerate(questions[c]):
+            history += "\n" + question
+            ttft, text, tokens = await turn(client, history, args.answer)
+            (ttft_first if t == 0 else ttft_later).append(ttft)
+            answers[(c, t)] = text
+            received[0] += tokens
+            history += text
+            await asyncio.sleep(thinks[c][t])
+
+    async with openai.AsyncOpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0, timeout=900) as client:
+        t0 = time.perf_counter()
+        await asyncio.gather(*(conversation(c, client) for c in range(len(questions))))
+        took = time.perf_counter() - t0
+    return {"first": ttft_first, "later": ttft_later, "answers": answers, "tok_s": received[0] / took}
+
+
+def counters(url: str) -> dict[tuple[str, str], float]:
+    """(sample name, tier) -> value of the server's KV counters."""
+    body = httpx.get(url + "/metrics", headers={"Authorization": f"Bearer {KEY}"}, timeout=30).text
+    out = {}
+    for family in text_string_to_metric_families(body):
+        for sample in family.samples:
+            if sample.name.startswith(("tideflow_kv_tier_", "tideflow_prefix_cache_")):
+                where = (sample.name, sample.labels.get("tier", ""))
+                out[where] = out.get(where, 0.0) + sample.value  # fallbacks: summed over their reasons
+    return out
+
+
+def rate(found: dict, hit: str, queried: str, tier: str = "") -> str:
+    q = found.get((queried, tier), 0.0)
+    return f"{100 * found.get((hit, tier), 0.0) / q:.0f} %" if q else "-"
+
+
+def pct(values: list[float], q: float) -> float:
+    values = sorted(v for v in values if v == v)
+    return values[min(len(values) - 1, int(q * len(values)))] if values else float("nan")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--conversations", type=int, default=48)
+    ap.add_argument("--turns", type=int, default=6)
+    ap.add_argument("--system", type=int, default=1024)
+    ap.add_argument("--question", type=int, default=64)
+    ap.add_argument("--answer", type=int, default=32)
+    ap.add_argument("--rate", type=float, default=2.0, help="conversations started per second (Poisson)")
+    ap.add_argument("--think-s", type=float, default=4.0, help="mean pause between an answer and the next question")
+    ap.add_argument("--kv-share", type=float, default=0.25, help="share of the conversations whose history fits the KV")
+    ap.add_argument("--configs", nargs="+", default=["none", "host", "disk"], choices=["none", "host", "disk"])
+    ap.add_argument("--serve-arg", action="append", default=[], metavar="ARG", help="one more `tideflow serve` argument")
+    args = ap.parse_args()
+
+    with tempfile.TemporaryDirectory(prefix="tideflow-kv-tiers-") as tmp:
+        model_dir = write_default_model(Path(tmp) / "model", DEFAULT_CONFIG, seed=0)
+        synth = PromptSynthesizer(np.random.default_rng(0), model_dir)
+        system = synth.make(args.system)[0]
+        questions = [[synth.make(args.question)[0] for _ in range(args.turns)] for _ in range(args.conversations)]
+        per_token = kv_bytes_per_block(DEFAULT_CONFIG, BLOCK) // BLOCK
+        history = args.turns * (args.question + args.answer)  # a conversation's own tokens at its last turn
+        kv_bytes = per_token * int(args.system + 2 * BLOCK * args.conversations
+                                   + args.kv_share * args.conversations * history)
+        host_bytes = per_token * int(args.system + 0.5 * args.conversations * history)
+        flags = {"none": [], "host": ["--kv-host-bytes", str(host_bytes)],
+                 "disk": ["--kv-host-bytes", str(host_bytes), "--kv-disk-path", str(Path(tmp) / "disk")]}
+        results, rows = {}, []
+        for name in args.configs:
+            child, url = start(model_dir, name, ["--kv-cache-bytes", str(kv_bytes), *flags[name], *args.serve_arg],
+                               Path(tmp))
+            try:
+                results[name] = asyncio.run(workload(url, system, questions, args))
+                found = counters(url)
+            finally:
+                child.stop()
+            r = results[name]
+            base = results.get("none", r)
+            same = "-" if name == "none" or "none" not in results else \
+                f"{sum(base['answers'][k] == v for k, v in r['answers'].items())}/{len(r['answers'])}"
+            later = statistics.median(r["later"])
+            rows.append([name, f"{later * 1000:.0f} / {pct(r['later'], 0.99) * 1000:.0f}",
+                         f"{later / statistics.median(base['later']):.2f}x",
+                         f"{statistics.median(r['first']) * 1000:.0f} / {pct(r['first'], 0.99) * 1000:.0f}",
+                         f"{r['tok_s']:.0f}",
+                         rate(found, "tideflow_prefix_cache_hit_blocks_total", "tideflow_prefix_cache_queried_blocks_total"),
+                         *(rate(found, "tideflow_kv_tier_hit_tokens_total", "tideflow_kv_tier_queried_tokens_total", t)
+                           for t in ("host", "disk")),
+                         f"{sum(v for (n, _), v in found.items() if n == 'tideflow_kv_tier_offload_skipped_blocks_total'):.0f}"
+                         f" / {sum(v for (n, _), v in found.items() if n == 'tideflow_kv_tier_fallbacks_total'):.0f}",
+                         same])
+            print(f"{name}: done", file=sys.stderr, flush=True)
+    print(f"host: {host()}; {args.conversations} conversations x {args.turns} turns, system {args.system}, question "
+          f"{args.question}, answer {args.answer} tokens; {args.rate:g} conversations/s, think {args.think_s:g} s; "
+          f"KV cache {kv_bytes >> 20} MiB ({args.kv_share:g} of the histories), host tier {host_bytes >> 20} MiB")
+    print_table(["config", "TTFT turns>=2 p50 / p99 ms", "p50 vs none", "TTFT turn 1 p50 / p99 ms", "output tok/s",
+                 "pool hit (blocks)", "host hit (tokens)", "disk hit (tokens)", "offloads skipped / fallbacks",
+                 "answers same as none"], rows)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
