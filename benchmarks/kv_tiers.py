@@ -2,7 +2,7 @@
 the cache against the cache alone, in one run on the same server flags and the same conversations.
 
     python benchmarks/kv_tiers.py [--conversations 48] [--turns 6] [--system 1024] [--question 64] [--answer 32]
-                                  [--rate 2] [--think-s 4] [--kv-share 0.25] [--configs none host disk]
+                                  [--rate 2] [--think-s 4] [--kv-share 0.25] [--configs none host disk pair-precise ...]
 
 Every conversation shares one system prompt of `--system` tokens. Conversations start as a Poisson process of
 `--rate` per second; each turn sends the whole history (system prompt, every earlier question and answer) plus a
@@ -14,17 +14,25 @@ Configs, each a fresh `tideflow serve` of the default model:
     none   the KV cache alone (what a member without tiers does: an evicted history is computed again)
     host   + host memory (--kv-host-bytes) holding half the conversations' histories
     disk   + a local disk directory below the same host memory
-Printed per config: TTFT p50 / p99 of turns >= 2 and of first turns, output tokens/s, and the token hit rate of
-each tier read from the server's own counters (tideflow_kv_tier_hit_tokens_total / _queried_tokens_total), plus the
-pool's own hit rate. The answers of every config are compared with those of `none`: greedy outputs must be the same.
-Targets (issue #39): TTFT p50 of turns >= 2 <= 0.4x of `none`'s.
+    pair-precise, pair-approximate, pair-least-queued
+           two members, each with half the KV cache and half the host memory, one compute thread each, sharing a
+           directory as the store (G4), behind a `tideflow router` that places prompts by the members' KV event
+           feeds (precise), by where it sent each prefix before (approximate), or by load alone (least-queued)
+Printed per config: TTFT p50 / p99 of turns >= 2 and of first turns, output tokens/s, the share of prompt tokens
+served from cache (each answer's usage.prompt_tokens_details.cached_tokens, the serving engine's own count), and for
+the single members the token hit rate of each tier from the server's counters (tideflow_kv_tier_hit_tokens_total /
+_queried_tokens_total) and the pool's own. The answers of every config are compared with those of `none`: greedy
+outputs must be the same. Targets (issue #39): TTFT p50 of turns >= 2 <= 0.4x of `none`'s; precise routing's cached
+share >= approximate's + 20 points.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import random
+import signal
 import statistics
 import sys
 import tempfile
@@ -43,8 +51,10 @@ from engine.default_model import DEFAULT_CONFIG, write_default_model  # noqa: E4
 from engine.drills.workload import PromptSynthesizer  # noqa: E402
 from engine.model.paged import kv_bytes_per_block  # noqa: E402
 from engine.process import Child, free_port, tideflow_argv, wait_http_ok  # noqa: E402
+from engine.router.app import ADMIN_KEYS_ENV, UPSTREAM_KEY_ENV  # noqa: E402
 
 KEY = "kv-tiers-bench"
+ADMIN = "kv-tiers-bench-admin"
 BLOCK = 16
 
 
@@ -59,13 +69,16 @@ def start(model_dir: Path, name: str, extra: list[str], log_dir: Path) -> tuple[
     return child, url
 
 
-async def turn(client: openai.AsyncOpenAI, prompt: str, answer: int) -> tuple[float, str, int]:
-    """TTFT, the answer's text and its tokens. Each token is a chunk of its own (logprobs=0): a stream sends no text
-    until a character is whole, which would move a first token of the default model's random weights late."""
+async def turn(client: openai.AsyncOpenAI, prompt: str, answer: int) -> tuple[float, str, int, int, int]:
+    """TTFT, the answer's text and its tokens, the prompt's tokens and how many of them were cached (the serving
+    engine's own count, in the usage of the last chunk). Each token is a chunk of its own (logprobs=0): a stream
+    sends no text until a character is whole, which would move a first token of the default model's random weights
+    late."""
     t0 = time.perf_counter()
-    first, text, tokens = None, [], 0
+    first, text, tokens, prompt_tokens, cached = None, [], 0, 0, 0
     stream = await client.completions.create(model="default", prompt=prompt, max_tokens=answer, temperature=0,
-                                             logprobs=0, stream=True, extra_body={"ignore_eos": True})
+                                             logprobs=0, stream=True, stream_options={"include_usage": True},
+                                             extra_body={"ignore_eos": True})
     async for chunk in stream:
         if chunk.choices and chunk.choices[0].logprobs and chunk.choices[0].logprobs.tokens:
             if first is None:
@@ -73,7 +86,11 @@ async def turn(client: openai.AsyncOpenAI, prompt: str, answer: int) -> tuple[fl
             tokens += len(chunk.choices[0].logprobs.tokens)
         if chunk.choices:
             text.append(chunk.choices[0].text or "")
-    return (first if first is not None else float("nan")), "".join(text), tokens
+        if chunk.usage is not None:
+            prompt_tokens = chunk.usage.prompt_tokens
+            details = chunk.usage.prompt_tokens_details
+            cached = details.cached_tokens if details is not None else 0
+    return (first if first is not None else float("nan")), "".join(text), tokens, prompt_tokens, cached
 
 
 async def workload(url: str, system: str, questions: list[list[str]], args) -> dict:
@@ -81,17 +98,19 @@ async def workload(url: str, system: str, questions: list[list[str]], args) -> d
     rng = random.Random(1)
     starts = np.cumsum([rng.expovariate(args.rate) for _ in questions])
     thinks = [[rng.expovariate(1 / args.think_s) for _ in range(args.turns)] for _ in questions]
-    ttft_first, ttft_later, answers, received = [], [], {}, [0]
+    ttft_first, ttft_later, answers, received, prompts = [], [], {}, [0], [0, 0]  # prompt tokens, cached of them
 
     async def conversation(c: int, client: openai.AsyncOpenAI) -> None:
         await asyncio.sleep(starts[c])
         history = system
         for t, question in enumerate(questions[c]):
             history += "\n" + question
-            ttft, text, tokens = await turn(client, history, args.answer)
+            ttft, text, tokens, prompt_tokens, cached = await turn(client, history, args.answer)
             (ttft_first if t == 0 else ttft_later).append(ttft)
             answers[(c, t)] = text
             received[0] += tokens
+            prompts[0] += prompt_tokens
+            prompts[1] += cached
             history += text
             await asyncio.sleep(thinks[c][t])
 
@@ -99,7 +118,8 @@ async def workload(url: str, system: str, questions: list[list[str]], args) -> d
         t0 = time.perf_counter()
         await asyncio.gather(*(conversation(c, client) for c in range(len(questions))))
         took = time.perf_counter() - t0
-    return {"first": ttft_first, "later": ttft_later, "answers": answers, "tok_s": received[0] / took}
+    return {"first": ttft_first, "later": ttft_later, "answers": answers, "tok_s": received[0] / took,
+            "cached": prompts[1] / max(1, prompts[0])}
 
 
 def counters(url: str) -> dict[tuple[str, str], float]:
@@ -124,6 +144,42 @@ def pct(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, int(q * len(values)))] if values else float("nan")
 
 
+PAIR_CONFIGS = ("pair-precise", "pair-approximate", "pair-least-queued")
+
+
+def start_pair(model_dir: Path, mode: str, member_flags: list[str], log_dir: Path) -> tuple[list[Child], str]:
+    """Two members on one thread each, sharing a store, behind a `tideflow router` placing prompts by `mode`."""
+    children, urls = [], []
+    try:
+        for i in range(2):
+            port = free_port()
+            argv = tideflow_argv("serve", "--model", str(model_dir), "--port", str(port), "--served-model-name",
+                                 "default", "--kernels", "auto", "--block-size", str(BLOCK), "--threads", "1",
+                                 *member_flags)
+            children.append(Child(f"member-{mode}-{i}", argv, log_dir / f"member-{mode}-{i}.log",
+                                  {"TIDEFLOW_API_KEYS": KEY}))
+            urls.append(f"http://127.0.0.1:{port}")
+        for child, url in zip(children, urls):
+            if not wait_http_ok(url + "/ready", 900, child):
+                raise SystemExit(f"member did not get ready: {child.log_tail()}")
+        port = free_port()
+        argv = tideflow_argv("router", "--port", str(port), "--model-dir", str(model_dir), "--kv-routing", mode)
+        children.append(Child(f"router-{mode}", argv, log_dir / f"router-{mode}.log",
+                              {"TIDEFLOW_API_KEYS": KEY, ADMIN_KEYS_ENV: ADMIN, UPSTREAM_KEY_ENV: KEY}))
+        router_url = f"http://127.0.0.1:{port}"
+        if not wait_http_ok(router_url + "/health", 60, children[-1]):
+            raise SystemExit(f"router did not get ready: {children[-1].log_tail()}")
+        r = httpx.post(router_url + "/admin/groups", headers={"authorization": f"Bearer {ADMIN}"}, timeout=30,
+                       json={"name": "pair", "version": "v1", "weight": 1.0,
+                             "endpoints": [{"url": u, "role": "colocated"} for u in urls]})
+        r.raise_for_status()
+        return children, router_url
+    except BaseException:
+        for child in children:
+            child.stop()
+        raise
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--conversations", type=int, default=48)
@@ -134,9 +190,11 @@ def main() -> int:
     ap.add_argument("--rate", type=float, default=2.0, help="conversations started per second (Poisson)")
     ap.add_argument("--think-s", type=float, default=4.0, help="mean pause between an answer and the next question")
     ap.add_argument("--kv-share", type=float, default=0.25, help="share of the conversations whose history fits the KV")
-    ap.add_argument("--configs", nargs="+", default=["none", "host", "disk"], choices=["none", "host", "disk"])
+    ap.add_argument("--configs", nargs="+", default=["none", "host", "disk", *PAIR_CONFIGS],
+                    choices=["none", "host", "disk", *PAIR_CONFIGS])
     ap.add_argument("--serve-arg", action="append", default=[], metavar="ARG", help="one more `tideflow serve` argument")
     args = ap.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a stopped run still stops its servers
 
     with tempfile.TemporaryDirectory(prefix="tideflow-kv-tiers-") as tmp:
         model_dir = write_default_model(Path(tmp) / "model", DEFAULT_CONFIG, seed=0)
@@ -152,13 +210,24 @@ def main() -> int:
                  "disk": ["--kv-host-bytes", str(host_bytes), "--kv-disk-path", str(Path(tmp) / "disk")]}
         results, rows = {}, []
         for name in args.configs:
-            child, url = start(model_dir, name, ["--kv-cache-bytes", str(kv_bytes), *flags[name], *args.serve_arg],
-                               Path(tmp))
+            if name in PAIR_CONFIGS:  # the same device KV and host memory in all, split over two members
+                store = (Path(tmp) / f"store-{name}").as_uri() + "/"
+                tiers = json.dumps({"host_bytes": host_bytes // 2, "store_url": store, "store_min_uses": 1})
+                half = max(kv_bytes // 2, per_token * (args.system + history + 4 * BLOCK + args.answer))  # one
+                # conversation's whole history fits a member, however few conversations are run
+                children, url = start_pair(model_dir, name.removeprefix("pair-"),
+                                           ["--kv-cache-bytes", str(half), "--kv-tiers", tiers,
+                                            *args.serve_arg], Path(tmp))
+            else:
+                child, url = start(model_dir, name, ["--kv-cache-bytes", str(kv_bytes), *flags[name], *args.serve_arg],
+                                   Path(tmp))
+                children = [child]
             try:
                 results[name] = asyncio.run(workload(url, system, questions, args))
-                found = counters(url)
+                found = counters(url) if name not in PAIR_CONFIGS else {}
             finally:
-                child.stop()
+                for child in children:
+                    child.stop()
             r = results[name]
             base = results.get("none", r)
             same = "-" if name == "none" or "none" not in results else \
@@ -167,7 +236,7 @@ def main() -> int:
             rows.append([name, f"{later * 1000:.0f} / {pct(r['later'], 0.99) * 1000:.0f}",
                          f"{later / statistics.median(base['later']):.2f}x",
                          f"{statistics.median(r['first']) * 1000:.0f} / {pct(r['first'], 0.99) * 1000:.0f}",
-                         f"{r['tok_s']:.0f}",
+                         f"{r['tok_s']:.0f}", f"{100 * r['cached']:.0f} %",
                          rate(found, "tideflow_prefix_cache_hit_blocks_total", "tideflow_prefix_cache_queried_blocks_total"),
                          *(rate(found, "tideflow_kv_tier_hit_tokens_total", "tideflow_kv_tier_queried_tokens_total", t)
                            for t in ("host", "disk")),
@@ -177,10 +246,11 @@ def main() -> int:
             print(f"{name}: done", file=sys.stderr, flush=True)
     print(f"host: {host()}; {args.conversations} conversations x {args.turns} turns, system {args.system}, question "
           f"{args.question}, answer {args.answer} tokens; {args.rate:g} conversations/s, think {args.think_s:g} s; "
-          f"KV cache {kv_bytes >> 20} MiB ({args.kv_share:g} of the histories), host tier {host_bytes >> 20} MiB")
+          f"KV cache {kv_bytes >> 20} MiB ({args.kv_share:g} of the histories), host tier {host_bytes >> 20} MiB "
+          f"(pair-*: half of each per member, one thread each, a shared directory store)")
     print_table(["config", "TTFT turns>=2 p50 / p99 ms", "p50 vs none", "TTFT turn 1 p50 / p99 ms", "output tok/s",
-                 "pool hit (blocks)", "host hit (tokens)", "disk hit (tokens)", "offloads skipped / fallbacks",
-                 "answers same as none"], rows)
+                 "prompt tokens cached", "pool hit (blocks)", "host hit (tokens)", "disk hit (tokens)",
+                 "offloads skipped / fallbacks", "answers same as none"], rows)
     return 0
 
 

@@ -96,6 +96,7 @@ def two_members_and_a_router(tiny_model_dir, tmp_path_factory):
     """Two `tideflow serve` processes of the tiny model (KV for 24 blocks, host memory below it) behind a
     `tideflow router` process reading their KV feeds; yields the router's URL and the members' URLs."""
     logs = tmp_path_factory.mktemp("kv-routing")
+    store = logs / "shared-store"
     key, admin = "member-and-client-key", "admin-key"
     env = {"TIDEFLOW_API_KEYS": key}
     children, urls = [], []
@@ -104,7 +105,7 @@ def two_members_and_a_router(tiny_model_dir, tmp_path_factory):
             port = free_port()
             argv = tideflow_argv("serve", "--model", str(tiny_model_dir), "--port", str(port), "--block-size",
                                  str(BLOCK), "--kv-cache-bytes", str(40 * 8192), "--kv-host-bytes", str(1 << 20),
-                                 "--served-model-name", "default")
+                                 "--kv-store-url", store.as_uri() + "/", "--served-model-name", "default")
             children.append(Child(f"member-{i}", argv, logs / f"member-{i}.log", env))
             urls.append(f"http://127.0.0.1:{port}")
         for child, url in zip(children, urls):
@@ -120,7 +121,7 @@ def two_members_and_a_router(tiny_model_dir, tmp_path_factory):
         r = httpx.post(router_url + "/admin/groups", headers={"authorization": f"Bearer {admin}"}, trust_env=False,
                        json={"name": "pair", "version": "v1", "weight": 1.0, "endpoints": endpoints})
         assert r.status_code == 200, r.text
-        yield router_url, urls, key, admin
+        yield router_url, urls, key, admin, store
     finally:
         for child in children:
             child.stop()
@@ -131,7 +132,7 @@ def test_each_conversation_comes_back_to_the_member_holding_it(two_members_and_a
     it can only know where their blocks are from the members' feeds. Each second turn, through the router, finds its
     first turn's 10 blocks only where the router sends it to that member: by load alone (least-queued) or by its own
     memory (approximate), every second turn would go to the first member, and half would compute everything."""
-    router_url, urls, key, admin = two_members_and_a_router
+    router_url, urls, key, admin, _ = two_members_and_a_router
     rng = random.Random(11)
     firsts = [[rng.randrange(3, 500) for _ in range(10 * BLOCK)] for _ in range(6)]
     for i, prompt in enumerate(firsts):
@@ -170,3 +171,26 @@ def wait_until_read(router_url: str, admin: str, urls: list[str], key: str, time
                 return
             assert time.monotonic() < deadline, f"the router has not read {behind}: {known}"
             time.sleep(0.1)
+
+
+def test_a_member_reads_what_the_other_wrote_to_the_shared_store(two_members_and_a_router):
+    """A prompt used twice on one member (the store admits a block at its second use) is written to the shared
+    store; the other member, which never saw it, loads its blocks from there instead of computing them."""
+    _, urls, key, _, store = two_members_and_a_router
+    rng = random.Random(12)
+    prompt = [rng.randrange(3, 500) for _ in range(8 * BLOCK)]
+    clients = [openai.OpenAI(base_url=u + "/v1", api_key=key, max_retries=0,
+                             http_client=httpx.Client(trust_env=False, timeout=60)) for u in urls]
+    for _ in range(2):
+        clients[0].completions.create(model="default", prompt=prompt, max_tokens=2, temperature=0)
+    deadline = time.monotonic() + 30
+    while len([p for p in store.rglob("*") if p.is_file()]) < 7:  # the writer thread's blocks reached the store
+        assert time.monotonic() < deadline, sorted(store.rglob("*"))
+        time.sleep(0.1)
+    answer = clients[1].completions.create(model="default", prompt=prompt + [7] * BLOCK, max_tokens=2, temperature=0)
+    assert answer.usage.prompt_tokens_details.cached_tokens >= 7 * BLOCK
+    metrics = httpx.get(urls[1] + "/metrics", headers={"authorization": f"Bearer {key}"}, trust_env=False).text
+    hits = [line for line in metrics.splitlines()
+            if line.startswith("tideflow_kv_tier_hit_tokens_total") and 'tier="store"' in line]
+    assert hits and float(hits[0].rsplit(" ", 1)[1]) >= 7 * BLOCK, hits
+

@@ -134,3 +134,20 @@ def test_kv_exhaustion_preempts_and_every_request_completes(tiny_model_dir, refe
     want = reference(prompts, SamplingParams(max_tokens=40, ignore_eos=True))
     assert [g.choices[0].finish_reason for g in got] == ["length"] * 32
     assert [g.choices[0].text for g in got] == [w.text for w in want]
+
+
+def test_usage_counts_cached_prompt_tokens_and_a_cache_salt_shares_with_its_own_only(server):
+    c = client(server)
+    prompt = [random.Random(21).randrange(3, 500) for _ in range(80)]
+
+    def cached(salt: str | None) -> int:
+        extra = {} if salt is None else {"cache_salt": salt}
+        got = c.completions.create(model=MODEL, prompt=prompt, max_tokens=1, temperature=0, extra_body=extra)
+        return got.usage.prompt_tokens_details.cached_tokens
+
+    assert cached(None) == 0
+    assert cached(None) == 64  # four whole blocks of 16 (the last token is always computed)
+    assert cached("tenant-a") == 0 and cached("tenant-b") == 0  # neither shares the unsalted blocks, nor each other's
+    assert cached("tenant-a") == 64
+    with pytest.raises(openai.BadRequestError, match="cache_salt"):
+        c.completions.create(model=MODEL, prompt=prompt, max_tokens=1, extra_body={"cache_salt": ""})
