@@ -70,12 +70,15 @@ def kv_gc(extra_stores: dict[str, float] | None = None) -> list[StoreSweep]:
 def kv_remove_version(spec: InferenceGroup, model: str = "default") -> list[StoreSweep]:
     """The blocks of a version no group serves any more (rolled back, or retired by a promotion); kept while another
     group of the fleet still runs that version (a pool group of it shares them)."""
+    stores = kv_stores([spec])
+    if not stores:
+        return []
     others = [g.name for g in fleet_groups()
               if g.version == spec.version and g.name != spec.name and g.state != GroupState.STOPPED]
     if others:
         get_run_logger().info("KV of %s kept: %s still run it", spec.version, ", ".join(others))
         return []
-    sweeps = [remove_version(url, model, spec.version) for url in kv_stores([spec])]
+    sweeps = [remove_version(url, model, spec.version) for url in stores]
     if sweeps:
         _report("kv-removed", f"KV of {spec.name} {spec.version} removed", sweeps)
     return sweeps
