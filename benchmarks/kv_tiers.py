@@ -53,7 +53,7 @@ from engine.model.paged import kv_bytes_per_block  # noqa: E402
 from engine.process import Child, free_port, tideflow_argv, wait_http_ok  # noqa: E402
 from engine.router.app import ADMIN_KEYS_ENV, UPSTREAM_KEY_ENV  # noqa: E402
 
-KEY = "kv-tiers-bench"
+KEY = "kv-tiers-bench"  # one key for every conversation: members run without a per-key token cap
 ADMIN = "kv-tiers-bench-admin"
 BLOCK = 16
 
@@ -61,7 +61,7 @@ BLOCK = 16
 def start(model_dir: Path, name: str, extra: list[str], log_dir: Path) -> tuple[Child, str]:
     port = free_port()
     argv = tideflow_argv("serve", "--model", str(model_dir), "--port", str(port), "--served-model-name", "default",
-                         "--kernels", "auto", "--block-size", str(BLOCK), *extra)
+                         "--kernels", "auto", "--block-size", str(BLOCK), "--max-client-tokens", "0", *extra)
     child = Child(f"serve-{name}", argv, log_dir / f"serve-{name}.log", {"TIDEFLOW_API_KEYS": KEY})
     url = f"http://127.0.0.1:{port}"
     if not wait_http_ok(url + "/ready", 900, child):
@@ -155,7 +155,7 @@ def start_pair(model_dir: Path, mode: str, member_flags: list[str], log_dir: Pat
             port = free_port()
             argv = tideflow_argv("serve", "--model", str(model_dir), "--port", str(port), "--served-model-name",
                                  "default", "--kernels", "auto", "--block-size", str(BLOCK), "--threads", "1",
-                                 *member_flags)
+                                 "--max-client-tokens", "0", *member_flags)
             children.append(Child(f"member-{mode}-{i}", argv, log_dir / f"member-{mode}-{i}.log",
                                   {"TIDEFLOW_API_KEYS": KEY}))
             urls.append(f"http://127.0.0.1:{port}")
