@@ -36,6 +36,7 @@ from engine.kvtier.metrics import TierMetrics
 from engine.kvtier.tiers import BlockTier, DiskTier, HostTier, StoreTier, TierUnavailable
 from engine.metrics import MetricFactory
 from engine.model.paged import KVCache
+from engine.weights.errors import WeightsError
 from engine.weights.manifest import MANIFEST_NAME
 
 log = logging.getLogger(__name__)
@@ -63,7 +64,7 @@ class TieredKV:
         self.host = HostTier(config.host_bytes, config.host_ttl_s)
         self.disk = DiskTier(_writable(Path(config.disk_path)), config.disk_bytes, config.disk_ttl_s) \
             if config.disk_path else None
-        self.store = StoreTier.open(config.store_url, config.store_timeout_s) if config.store_url else None
+        self.store = _open_store(config) if config.store_url else None
         self.lower: list[BlockTier] = [t for t in (self.disk, self.store) if t is not None]
         self.metrics.show([tier.name for tier in [self.host, *self.lower]])
         self.read_cost = {tier.name: self._probe(tier) for tier in [self.host, *self.lower]}
@@ -372,6 +373,13 @@ class TieredKV:
             self._stored.move_to_end(key)
             while len(self._stored) > STORED_KEPT:
                 self._stored.popitem(last=False)
+
+
+def _open_store(config: KVTierConfig) -> StoreTier:
+    try:
+        return StoreTier.open(config.store_url, config.store_timeout_s)
+    except WeightsError as exc:  # a URL of no store kind, a bucket name S3 refuses
+        raise KVTierError(f"kv_tiers.store_url {config.store_url}: {exc}") from None
 
 
 def _writable(path: Path) -> Path:

@@ -192,3 +192,5 @@ def test_unusable_tiers_are_refused_at_startup(tiny_model_dir, block_bytes, tmp_
     with pytest.raises(KVTierError, match="store_url"):
         engine(tiny_model_dir, block_bytes, KVTierConfig(host_bytes=1 << 20, store_url="s3://no-such-bucket-kv/x/",
                                                          store_timeout_s=1.0))
+    with pytest.raises(KVTierError, match="store_url ftp://"):
+        engine(tiny_model_dir, block_bytes, KVTierConfig(host_bytes=1 << 20, store_url="ftp://somewhere/kv/"))
