@@ -29,7 +29,8 @@ from engine.encoder.splice import SplicedPrompt
 from engine.core.admission import EngineError, QueueFull, check_request
 from engine import intraop
 from engine.core.kv_events import KVEventLog, KVEventPage
-from engine.core.kv_cache import BlockAllocator, OutOfBlocks, chain_hashes, num_blocks_for_budget
+from engine.core.kv_cache import BlockAllocator, OutOfBlocks, num_blocks_for_budget
+from engine.core.kv_fetches import PendingFetches
 from engine.kvtier.metrics import TierMetrics
 from engine.kvtier.tiered import TieredKV, open_tiers
 from engine.model.decoder import MoEForCausalLM
@@ -61,15 +62,6 @@ class _Import:
     first_logprob: Logprob | None
     kv: memoryview
     on_imported: Callable[[], None]
-
-
-@dataclass
-class _Fetch:
-    """A new request waiting while its prompt's blocks come up from disk or the store."""
-
-    seq: Sequence
-    future: concurrent.futures.Future
-    deadline: float  # time.monotonic() after which it is scheduled whatever came up
 
 
 @dataclass(eq=False)
@@ -135,7 +127,8 @@ class LLMEngine:
         self._thread: threading.Thread | None = None
         self._ids = itertools.count()
         self._seen_prefix = (0, 0)
-        self._fetching: dict[str, _Fetch] = {}  # requests waiting for their blocks to come up from disk or the store
+        self._fetching = PendingFetches(kv_tiers if config.enable_prefix_cache else None, config.block_size,
+                                        self._wake.set)
         self.clock = StepClock()  # whether the engine is busy or stuck (the members' stream heartbeats read it)
 
     @classmethod
@@ -419,8 +412,8 @@ class LLMEngine:
                 if self.lockstep:
                     self.runner.idle(self._wake)  # the peers may have work: join their step
                     continue
-                wake_at = min([t for t in (self.scheduler.wake_at(), *(f.deadline for f in self._fetching.values()))
-                               if t is not None], default=None)
+                wake_at = min([t for t in (self.scheduler.wake_at(), self._fetching.next_deadline()) if t is not None],
+                              default=None)
                 self._wake.wait(None if wake_at is None else max(0.0, wake_at - now))
                 continue
             tokens = sum(item.num_new for item in plan.batch)
@@ -437,19 +430,14 @@ class LLMEngine:
                 self._imports.append(req)
                 continue
             self.metrics.prompt_tokens.inc(len(req.seq.prompt_tokens))
-            fetch = self._fetch_below(req.seq)
-            if fetch is not None:
-                self._fetching[req.seq.request_id] = fetch
+            if self._fetching.park(req.seq, self.allocator.cached, self.scheduler.cost.s_per_token):
                 continue
             # The window counts from the request's arrival, not from when this thread looked: one that came
             # during a step has waited that step already and departs with the next (from the look, it
             # missed the next step and paid a whole extra step of TTFT whenever the engine was busy).
             self.scheduler.add(req.seq, req.seq.arrival)
-        now = time.monotonic()
-        for request_id, fetch in list(self._fetching.items()):
-            if fetch.future.done() or now >= fetch.deadline:
-                del self._fetching[request_id]
-                self.scheduler.add(fetch.seq, fetch.seq.arrival)
+        for seq in self._fetching.due(time.monotonic()):
+            self.scheduler.add(seq, seq.arrival)
         while self._imports:
             seq = self.scheduler.next_import(req.seq for req in self._imports)
             req = next(r for r in self._imports if r.seq is seq)
@@ -459,33 +447,13 @@ class LLMEngine:
         aborted = bool(self._aborts)
         while self._aborts:
             request_id = self._aborts.popleft()
-            fetch = self._fetching.pop(request_id, None)
-            seq = fetch.seq if fetch is not None else self.scheduler.abort(request_id)
+            seq = self._fetching.drop(request_id) or self.scheduler.abort(request_id)
             req = self._forget(request_id)
             if seq is not None and req is not None:
                 self.metrics.requests.labels("aborted").inc()
                 req.sink(self._output(req, [], "", "abort"))
         if aborted:
             self._publish_load()
-
-    def _fetch_below(self, seq: Sequence) -> "_Fetch | None":
-        """Start bringing the prompt's blocks that neither the pool nor host memory holds up from disk or the store;
-        the request waits for them at most what computing them is estimated to cost. None: nothing to wait for."""
-        tiers = self.kv_tiers
-        if tiers is None or not tiers.has_lower() or not self.config.enable_prefix_cache:
-            return None
-        bs = self.config.block_size
-        hashes = chain_hashes(seq.tokens, bs, seq.block_extras, None, 0, (seq.num_tokens - 1) // bs)
-        held = 0
-        while held < len(hashes) and (hashes[held] in self.allocator.cached or tiers.held_in_host(hashes[held])):
-            held += 1
-        per_token = self.scheduler.cost.s_per_token
-        future = tiers.prefetch(hashes[held:], per_token, self._wake.set)
-        if future is None:
-            return None
-        longest = tiers.config.store_timeout_s
-        wait = longest if per_token is None else min(longest, per_token * bs * (len(hashes) - held))
-        return _Fetch(seq, future, time.monotonic() + wait)
 
     def _admit_import(self, req: _Request) -> bool:
         """Place a prefilled sequence's KV into fresh blocks and resume it; False to retry later."""
