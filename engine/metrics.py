@@ -79,6 +79,11 @@ class ServingMetrics:
         self.kv_transfer_bytes = f.counter("kv_transfer_bytes_total", "KV cache bytes this decode member pulled")
         self.kv_transfer_seconds = f.histogram("kv_transfer_seconds", "time to pull one request's KV from prefill")
         self.kv_transfer_failures = f.counter("kv_transfer_failures_total", "KV pulls that failed or timed out")
+        self.kv_transfer_skipped_blocks = f.counter(
+            "kv_transfer_skipped_blocks_total", "prompt blocks this decode member held, so prefill did not send them")
+        self.kv_transfer_recomputes = f.counter(
+            "kv_transfer_recomputes_total", "prefilled requests whose skipped blocks were evicted here before they "
+                                            "arrived: recomputed by this decode member")
         self.requests = f.labelled_counter("requests_total", "finished requests by status", "status")
 
     def render(self) -> tuple[bytes, str]:

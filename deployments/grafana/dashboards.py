@@ -145,6 +145,13 @@ PD_EP = (
             PanelSpec("KV transfer failures", "pulls that failed (the router retries the request elsewhere)",
                       (Query(f"sum by (group) (rate(tideflow_kv_transfer_failures_total{RATE}))", "{{group}}"),),
                       unit="reqps"),
+            PanelSpec("KV blocks decode already held",
+                      "prompt blocks left out of transfers because the decode member held them, and imports whose "
+                      "held blocks were evicted before they arrived (recomputed on decode)",
+                      (Query(f"sum by (group) (rate(tideflow_kv_transfer_skipped_blocks_total{RATE}))",
+                             "skipped {{group}}"),
+                       Query(f"sum by (group) (rate(tideflow_kv_transfer_recomputes_total{RATE}))",
+                             "recomputed {{group}}"))),
         )),
         ("Experts", (
             PanelSpec("Expert load per rank", "tokens routed to each DEP rank's experts over its sliding window",

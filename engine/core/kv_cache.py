@@ -110,6 +110,23 @@ class BlockAllocator:
             self.lower.note_uses(self.kv_cache(), seq.block_hashes, seq.block_table)
         return seq.num_computed
 
+    def adopt_cached(self, seq: Sequence, num_blocks: int) -> bool:
+        """Take seq's first `num_blocks` full blocks from the cache, all of them or none (the decode role: the
+        prompt's blocks prefill did not send because this worker held them)."""
+        assert not seq.block_table, "adopt_cached runs on a sequence holding no blocks"
+        if num_blocks == 0:
+            return True
+        if not self.enable_prefix_cache or num_blocks * self.block_size > seq.num_tokens:
+            return False
+        hashes = chain_hashes(seq.tokens, self.block_size, seq.block_extras, None, 0, num_blocks)
+        blocks = [self.cached.get(h) for h in hashes]
+        if None in blocks:
+            return False
+        for block in blocks:
+            self._take(block)
+        seq.block_table, seq.block_hashes = blocks, hashes
+        return True
+
     def _onboard(self, seq: Sequence, hashes: list[int]) -> None:
         """Load the run of `hashes` (the prompt's blocks past those cached here) that a lower tier holds."""
         run = []

@@ -38,11 +38,11 @@ from engine.model.loader import load_model
 from engine.core.model_runner import ModelRunner, SeqStep
 from engine.core.outputs import RequestOutput, RequestStream, Result, Sink
 from engine.core.output_text import RequestText
-from engine.core.pd import Handoff, HandoffResult, hand_off, import_prefilled
+from engine.core.pd import Handoff, HandoffResult, PrefixGone, hand_off, import_prefilled
 from engine.core.resume import Resume
 from engine.core.sampling import Logprob, SamplingParams, resolve_seed, sample
 from engine.core.scheduler import Scheduler, StepPlan
-from engine.core.sequence import Sequence
+from engine.core.sequence import SeqStatus, Sequence
 from engine.metrics import ServingMetrics
 from engine.core.step_clock import StepClock
 from engine.core.step_cost import StepCost
@@ -62,6 +62,7 @@ class _Import:
     first_logprob: Logprob | None
     kv: memoryview
     on_imported: Callable[[], None]
+    skipped_blocks: int = 0  # leading blocks prefill left out: this worker holds them (engine.core.pd)
 
 
 @dataclass(eq=False)
@@ -233,7 +234,7 @@ class LLMEngine:
         seq = Sequence(request_id, list(prompt_tokens), params, prefilled.seed, client=client)
         seq.num_cached_prompt = prefilled.num_cached_tokens
         req = self._new_request(seq, sink, images, resume)
-        req.imported = _Import(prefilled.first_token, prefilled.first_logprob, kv, on_imported)
+        req.imported = _Import(prefilled.first_token, prefilled.first_logprob, kv, on_imported, prefilled.skipped_blocks)
         return self._enqueue(req)
 
     def _new_request(self, seq: Sequence, sink: Sink, images: SplicedPrompt | None = None,
@@ -462,7 +463,12 @@ class LLMEngine:
             imp.on_imported()
             return True
         try:
-            import_prefilled(self.allocator, self.runner.kv_cache, seq, imp.kv)
+            import_prefilled(self.allocator, self.runner.kv_cache, seq, imp.kv, imp.skipped_blocks)
+        except PrefixGone:
+            imp.on_imported()
+            self.metrics.kv_transfer_recomputes.inc()
+            self._recompute_prefilled(req)
+            return True
         except OutOfBlocks:
             if self.scheduler.running:
                 return False  # blocks free up as running sequences finish
@@ -474,9 +480,20 @@ class LLMEngine:
             self._fail(req, f"KV import failed: {exc}")
             return True
         imp.on_imported()
+        self.metrics.kv_transfer_skipped_blocks.inc(imp.skipped_blocks)
         self.scheduler.adopt(seq)
         self._on_token(req, imp.first_token, time.monotonic(), imp.first_logprob)
         return True
+
+    def _recompute_prefilled(self, req: _Request) -> None:
+        """The blocks prefill skipped were evicted here before the request arrived: its first token goes out as
+        prefill sampled it, and this worker computes the prompt again (from what its prefix cache still holds), as
+        for a preempted sequence."""
+        seq, imp = req.seq, req.imported
+        self.scheduler.adopt(seq)
+        self._on_token(req, imp.first_token, time.monotonic(), imp.first_logprob)
+        if seq.status is not SeqStatus.FINISHED:
+            self.scheduler.recompute(seq)
 
     def _hand_off(self, req: _Request, tok: int, now: float, logprob: Logprob | None) -> None:
         """Prefill role: export the prompt's blocks, report the first token, finish here."""

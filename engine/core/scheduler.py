@@ -361,6 +361,11 @@ class Scheduler:
         seq.finish_reason = "abort"
         return seq
 
+    def recompute(self, seq: Sequence) -> None:
+        """A running sequence whose KV is not (all) in its blocks goes back to the front of the queue and is
+        computed again, as a preempted one is (a decode worker's import whose skipped prefix was evicted)."""
+        self._preempt(seq)
+
     def _preempt(self, victim: Sequence) -> None:
         self.running.remove(victim)
         self.allocator.release(victim)

@@ -46,7 +46,7 @@ class HealthMonitor:
                 stats = await self.client.get(e.endpoint.url + "/internal/stats", timeout=self.interval_s * 4)
                 if stats.status_code == 200:
                     e.stats = stats.json()
-                if self.kv_index is not None and e.endpoint.role in ("colocated", "prefill"):
+                if self.kv_index is not None and e.endpoint.role in ("colocated", "prefill", "decode"):
                     await self.read_kv_events(e)
         except (httpx.HTTPError, ValueError):
             ok = False

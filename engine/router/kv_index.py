@@ -86,6 +86,19 @@ class KVIndex:
         feed = self._feeds.get(url)
         return feed.tiers if feed is not None else {}
 
+    def device_run(self, url: str, hashes: list[int], within_s: float, now: float) -> int:
+        """How many of `hashes`, from the first, the member's KV cache holds; 0 unless its feed is fresh (a decode
+        member is then sent every block, which is always right)."""
+        if not self.fresh(url, within_s, now):
+            return 0
+        held = self.tiers(url).get("device", set())
+        run = 0
+        for h in hashes:
+            if h not in held:
+                break
+            run += 1
+        return run
+
 
 class KVRouter:
     """Places a prompt (its block hashes) on one of a group's members, by `config.mode`."""
@@ -108,6 +121,12 @@ class KVRouter:
             return min(candidates, key=lambda c: (self.cost(c, hashes, candidates), c.inflight))
         self.choices["approximate"] += 1
         return self.approximate.choose(candidates, hashes)
+
+    def held_by(self, member: EndpointState, hashes: list[int]) -> int:
+        """The prompt's leading blocks a decode member holds, to be left out of its KV transfer (precise mode)."""
+        if self.config.mode != "precise":
+            return 0
+        return self.index.device_run(member.endpoint.url, hashes, self.config.stale_after_s, time.monotonic())
 
     def record(self, target: EndpointState, hashes: list[int]) -> None:
         """Where a prompt went: the approximate affinity's memory (kept in every mode, for the fallback)."""

@@ -216,11 +216,12 @@ class Proxy:
             record.block_hashes = await self.cpu.run(_block_hashes, record.prompt_ids, self.config.block_size,
                                                      salted(record.extras, upstream))
         prompt, images = record.prompt_ids, record.images
+        target = self.decode_lb.choose(group.by_role("decode") or _fail("no healthy decode member"))
+        skip = self.kv_router.held_by(target, record.block_hashes)  # decode is sent only the blocks it lacks
         prefill = await self._prefill(group, prompt, upstream, record.block_hashes, deadline, images, resume,
-                                      record.client)
+                                      record.client, skip)
         decode_body = await self.cpu.run(_json, {"api": api, "request": upstream, "prompt_token_ids": prompt,
                                                  "images": images, "resume": resume, **prefill})
-        target = self.decode_lb.choose(group.by_role("decode") or _fail("no healthy decode member"))
         return await self._post(target, "/internal/decode", decode_body, True, deadline, record.client)
 
     async def _colocated_hashes(self, api: str, body: dict, record: StreamRecord) -> list[int]:
@@ -267,8 +268,9 @@ class Proxy:
         raise UpstreamFailed(last)
 
     async def _prefill(self, group: GroupState, prompt: list[int], body: dict, hashes: list[int], deadline: float,
-                       images: list[dict], resume: dict | None, client: str) -> dict:
-        """Bounded retries across the group's prefill instances; returns the handover for decode."""
+                       images: list[dict], resume: dict | None, client: str, skip_blocks: int = 0) -> dict:
+        """Bounded retries across the group's prefill instances; returns the handover for decode. `skip_blocks`:
+        the prompt's leading blocks the chosen decode member holds, left out of the transfer."""
         last = "no healthy prefill member"
         content: bytes | None = None
         for attempt in range(self.config.max_attempts):
@@ -282,7 +284,7 @@ class Proxy:
             try:
                 if content is None:
                     content = await self.cpu.run(_json, {"prompt_token_ids": prompt, "request": body, "images": images,
-                                                         "resume": resume})
+                                                         "resume": resume, "skip_blocks": skip_blocks})
                 opened = await self._post(target, "/internal/prefill", content, False, deadline, client, watched=True)
                 handoff = json.loads(opened.body)
                 if not isinstance(handoff, dict):

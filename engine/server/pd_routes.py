@@ -61,7 +61,7 @@ def pd_routes(engine: LLMEngine, model_name: str, transport: TransportKind, resp
         check_model(parsed.model, model_name)
         check_token_ids(body.prompt_token_ids + _resumed(body), engine.vocab_size)
         params = params_for(parsed, len(body.prompt_token_ids), engine)
-        handoff = Handoff(sender, new_transfer_id())
+        handoff = Handoff(sender, new_transfer_id(), body.skip_blocks)
         stream = engine.stream(body.prompt_token_ids, params, handoff=handoff, images=spliced(body), resume=body.resume,
                                client=auth.client_of(request))
         return StreamingResponse(_handoff_json(engine, stream), media_type="application/json", headers=HEARTBEAT_HEADERS)

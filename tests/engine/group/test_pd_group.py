@@ -8,6 +8,7 @@ import signal
 import time
 from pathlib import Path
 
+import httpx
 import openai
 import pytest
 
@@ -16,6 +17,7 @@ from engine.group.backend import Phase
 from engine.group.manager import GroupState
 from engine.model import load_model
 from engine.core.engine_config import EngineConfig
+from engine.core.kv_cache import kv_nbytes
 from engine.core.llm_engine import LLMEngine
 from engine.core.sampling import SamplingParams
 from engine.tokenizer import ChatMessage, Tokenizer
@@ -169,3 +171,40 @@ def test_logprobs_and_a_bias_cross_prefill_to_decode(groupset, make_spec, tiny_m
                 [list(tok.token_bytes(t)) for t, _ in lp.top] for lp in want.logprobs]
     finally:
         group.drain_and_stop(5)
+
+
+def test_a_decode_member_holding_the_prefix_is_sent_only_the_blocks_it_lacks(groupset, make_spec, tiny_model_dir):
+    """Turns of one conversation through router, prefill and decode processes: once the router has read from the
+    decode member's KV feed that it holds the conversation so far, prefill sends it only the new blocks. Every answer
+    is the colocated engine's, and the decode member pulls fewer bytes per turn than the prompt's whole KV."""
+    model, tok = load_model(tiny_model_dir), Tokenizer(tiny_model_dir)
+    engine = LLMEngine(model, tok, EngineConfig(kv_cache_bytes=16 << 20))
+    engine.start()
+    group = groupset.up(make_spec("pd-prefix", prefill=1, transfer="tcp"))
+    try:
+        assert group.wait_for({GroupState.READY, GroupState.FAILED}, 120) == GroupState.READY, group.status.events
+        decode_url = next(m.endpoint for m in group.status.members if m.role == "decode")
+        client = openai.OpenAI(base_url=groupset.url + "/v1", api_key=groupset.client_key, max_retries=0, timeout=60)
+        conversation = [(5 * i) % 400 + 3 for i in range(8 * 16)]  # 8 blocks of the engine's default 16 tokens
+        deadline, turns, whole_blocks = time.monotonic() + 60, 0, 0
+        while _decode_metric(decode_url, groupset.member_key, "tideflow_kv_transfer_skipped_blocks_total") == 0:
+            assert time.monotonic() < deadline, "the decode member was sent every block of every turn"
+            conversation += [(7 * turns + j) % 400 + 3 for j in range(5)]
+            whole_blocks += -(-len(conversation) // engine.config.block_size)
+            want = engine.generate([conversation], SamplingParams(max_tokens=4, ignore_eos=True))[0].token_ids
+            got = client.completions.create(model="default", prompt=conversation, max_tokens=4, temperature=0,
+                                            extra_body={"ignore_eos": True}).choices[0].text
+            assert got == tok.decode(want)
+            conversation += want
+            turns += 1
+        pulled = _decode_metric(decode_url, groupset.member_key, "tideflow_kv_transfer_bytes_total")
+        assert pulled < kv_nbytes(engine.runner.kv_cache, whole_blocks), "no fewer bytes than every turn's whole KV"
+        assert _decode_metric(decode_url, groupset.member_key, "tideflow_kv_transfer_recomputes_total") == 0
+    finally:
+        group.drain_and_stop(5)
+        engine.stop()
+
+
+def _decode_metric(url: str, key: str, name: str) -> float:
+    text = httpx.get(url + "/metrics", headers={"authorization": f"Bearer {key}"}, trust_env=False, timeout=10).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + "{"))
