@@ -2,7 +2,8 @@
 tokens, hidden 512-4096; the MoE experts also on the tiled weights the engine keeps where the build reads
 them fastest that way, against torch on row-major weights), the MoE experts streamed over 8 layers as
 decode streams them (weights out of cache), then decode tokens/s of a small random MoE model with compiled ops
-vs `tideflow_kernels.ops.use_reference()`. Prints ratios (reference time / compiled time).
+vs `tideflow_kernels.ops.use_reference()`. Prints ratios (reference time / compiled time); the MoE experts also on
+torch's grouped GEMM (tideflow_kernels.grouped_moe), with how much faster this build's kernel is.
 
     python benchmarks/kernel_ops.py [--iters 10] [--dtype bfloat16] [--skip-e2e]
 """
@@ -15,7 +16,7 @@ import time
 
 import torch
 
-from tideflow_kernels import cases, ops, reference
+from tideflow_kernels import cases, grouped_moe, ops, reference
 from tideflow_kernels.build import build
 from tideflow_kernels.loader import load_cached
 from tideflow_kernels.spec import BuildRequest
@@ -34,6 +35,12 @@ def op_table(compiled: dict, dtype: torch.dtype, iters: int) -> list[float]:
             ours, ref = compare_us(compiled[op], getattr(reference, op), args, iters)
             ratios.append(ref / ours)
             print(f"{op:<24}{tokens:>7}{hidden:>7}{ours:>13.1f}{ref:>12.1f}{ref / ours:>7.2f}x", flush=True)
+            if op == "moe_experts" and grouped_moe.available() and grouped_moe.fits(*args[:3]):
+                # torch's grouped GEMM (what a CUDA build may route moe_experts to): against torch's reference,
+                # and in the last column against this build's kernel
+                theirs, ref = compare_us(grouped_moe.moe_experts, getattr(reference, op), args, iters)
+                print(f"{op + ' (grouped_mm)':<24}{tokens:>7}{hidden:>7}{theirs:>13.1f}{ref:>12.1f}{ref / theirs:>7.2f}x"
+                      f"   ours {theirs / ours:.2f}x faster", flush=True)
             if op == "moe_experts" and compiled[op].tiles_fit(args[1], args[2]):
                 # the layout the engine loads these weights in; torch keeps its row-major weights
                 x, w13, w2, weights, ids = args

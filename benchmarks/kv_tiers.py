@@ -23,7 +23,8 @@ served from cache (each answer's usage.prompt_tokens_details.cached_tokens, the 
 the single members the token hit rate of each tier from the server's counters (tideflow_kv_tier_hit_tokens_total /
 _queried_tokens_total) and the pool's own. The answers of every config are compared with those of `none`: greedy
 outputs must be the same. Targets (issue #39): TTFT p50 of turns >= 2 <= 0.4x of `none`'s; precise routing's cached
-share >= approximate's + 20 points.
+share >= approximate's + 20 points. The ceiling column is the share of prompt tokens that a cache holding every block
+ever computed, shared by all members, could serve (CacheCeiling): no placement caches more.
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ from engine.drills.workload import PromptSynthesizer  # noqa: E402
 from engine.model.paged import kv_bytes_per_block  # noqa: E402
 from engine.process import Child, free_port, tideflow_argv, wait_http_ok  # noqa: E402
 from engine.router.app import ADMIN_KEYS_ENV, UPSTREAM_KEY_ENV  # noqa: E402
+from engine.tokenizer import Tokenizer  # noqa: E402
 
 KEY = "kv-tiers-bench"  # one key for every conversation: members run without a per-key token cap
 ADMIN = "kv-tiers-bench-admin"
@@ -93,7 +95,41 @@ async def turn(client: openai.AsyncOpenAI, prompt: str, answer: int) -> tuple[fl
     return (first if first is not None else float("nan")), "".join(text), tokens, prompt_tokens, cached
 
 
-async def workload(url: str, system: str, questions: list[list[str]], args) -> dict:
+class CacheCeiling:
+    """The share of prompt tokens any cache could have served: a cache that never forgets, shared by every member,
+    holding each full block computed so far (prompts as sent, and each prompt with its answer once it is back). No
+    placement can cache more than this; the pair configs' cached share is read against it."""
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self.tokenizer, self.seen, self.prompt, self.reusable = tokenizer, set(), 0, 0
+
+    def _hashes(self, ids: list[int]) -> list[int]:
+        out, prev = [], 0
+        for i in range(len(ids) // BLOCK):
+            prev = hash((prev, tuple(ids[i * BLOCK : (i + 1) * BLOCK])))
+            out.append(prev)
+        return out
+
+    def sent(self, prompt: str) -> None:
+        ids = self.tokenizer.encode(prompt)
+        hashes = self._hashes(ids)
+        run = 0
+        for h in hashes[: (len(ids) - 1) // BLOCK]:  # the last token is always computed
+            if h not in self.seen:
+                break
+            run += 1
+        self.prompt, self.reusable = self.prompt + len(ids), self.reusable + run * BLOCK
+        self.seen.update(hashes)
+
+    def answered(self, prompt: str, answer: str) -> None:
+        self.seen.update(self._hashes(self.tokenizer.encode(prompt + answer)))
+
+    @property
+    def share(self) -> float:
+        return self.reusable / max(1, self.prompt)
+
+
+async def workload(url: str, system: str, questions: list[list[str]], args, ceiling: CacheCeiling) -> dict:
     """Run every conversation; TTFTs by turn kind, answers by (conversation, turn), tokens/s."""
     rng = random.Random(1)
     starts = np.cumsum([rng.expovariate(args.rate) for _ in questions])
@@ -105,7 +141,9 @@ async def workload(url: str, system: str, questions: list[list[str]], args) -> d
         history = system
         for t, question in enumerate(questions[c]):
             history += "\n" + question
+            ceiling.sent(history)
             ttft, text, tokens, prompt_tokens, cached = await turn(client, history, args.answer)
+            ceiling.answered(history, text)
             (ttft_first if t == 0 else ttft_later).append(ttft)
             answers[(c, t)] = text
             received[0] += tokens
@@ -119,7 +157,7 @@ async def workload(url: str, system: str, questions: list[list[str]], args) -> d
         await asyncio.gather(*(conversation(c, client) for c in range(len(questions))))
         took = time.perf_counter() - t0
     return {"first": ttft_first, "later": ttft_later, "answers": answers, "tok_s": received[0] / took,
-            "cached": prompts[1] / max(1, prompts[0])}
+            "cached": prompts[1] / max(1, prompts[0]), "ceiling": ceiling.share}
 
 
 def counters(url: str) -> dict[tuple[str, str], float]:
@@ -198,7 +236,7 @@ def main() -> int:
 
     with tempfile.TemporaryDirectory(prefix="tideflow-kv-tiers-") as tmp:
         model_dir = write_default_model(Path(tmp) / "model", DEFAULT_CONFIG, seed=0)
-        synth = PromptSynthesizer(np.random.default_rng(0), model_dir)
+        synth, tokenizer = PromptSynthesizer(np.random.default_rng(0), model_dir), Tokenizer(model_dir)
         system = synth.make(args.system)[0]
         questions = [[synth.make(args.question)[0] for _ in range(args.turns)] for _ in range(args.conversations)]
         per_token = kv_bytes_per_block(DEFAULT_CONFIG, BLOCK) // BLOCK
@@ -223,7 +261,7 @@ def main() -> int:
                                    Path(tmp))
                 children = [child]
             try:
-                results[name] = asyncio.run(workload(url, system, questions, args))
+                results[name] = asyncio.run(workload(url, system, questions, args, CacheCeiling(tokenizer)))
                 found = counters(url) if name not in PAIR_CONFIGS else {}
             finally:
                 for child in children:
@@ -236,7 +274,7 @@ def main() -> int:
             rows.append([name, f"{later * 1000:.0f} / {pct(r['later'], 0.99) * 1000:.0f}",
                          f"{later / statistics.median(base['later']):.2f}x",
                          f"{statistics.median(r['first']) * 1000:.0f} / {pct(r['first'], 0.99) * 1000:.0f}",
-                         f"{r['tok_s']:.0f}", f"{100 * r['cached']:.0f} %",
+                         f"{r['tok_s']:.0f}", f"{100 * r['cached']:.0f} %", f"{100 * r['ceiling']:.0f} %",
                          rate(found, "tideflow_prefix_cache_hit_blocks_total", "tideflow_prefix_cache_queried_blocks_total"),
                          *(rate(found, "tideflow_kv_tier_hit_tokens_total", "tideflow_kv_tier_queried_tokens_total", t)
                            for t in ("host", "disk")),
@@ -249,7 +287,7 @@ def main() -> int:
           f"KV cache {kv_bytes >> 20} MiB ({args.kv_share:g} of the histories), host tier {host_bytes >> 20} MiB "
           f"(pair-*: half of each per member, one thread each, a shared directory store)")
     print_table(["config", "TTFT turns>=2 p50 / p99 ms", "p50 vs none", "TTFT turn 1 p50 / p99 ms", "output tok/s",
-                 "prompt tokens cached", "pool hit (blocks)", "host hit (tokens)", "disk hit (tokens)",
+                 "prompt tokens cached", "ceiling (any cache)", "pool hit (blocks)", "host hit (tokens)", "disk hit (tokens)",
                  "offloads skipped / fallbacks", "answers same as none"], rows)
     return 0
 

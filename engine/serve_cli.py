@@ -50,6 +50,8 @@ def add_commands(subparsers) -> None:
     p.add_argument("--max-client-tokens", type=int,
                    help="most prompt + max_tokens one client (API key) may have open here (429 beyond); 0 = no cap")
     p.add_argument("--no-prefix-cache", action="store_true", help="do not reuse KV blocks of shared prompt prefixes")
+    p.add_argument("--enforce-eager", action="store_true",
+                   help="on cuda, run decode eagerly instead of replaying CUDA graphs captured per batch size at start")
     tiers = p.add_argument_group("KV tiers", "keep evicted KV blocks in host memory, on disk and in a shared store, and "
                                               "load a prompt's blocks from there instead of computing them")
     tiers.add_argument("--kv-host-bytes", type=int, help="G2: host memory for offloaded blocks; turns the tiers on")
@@ -102,6 +104,8 @@ def engine_config(args: argparse.Namespace):
     given = {n: getattr(args, n) for n in names if getattr(args, n) is not None}
     if args.no_prefix_cache:
         given["enable_prefix_cache"] = False
+    if args.enforce_eager:
+        given["enforce_eager"] = True
     if args.step_target_ms is not None:
         given["step_target_ms"] = args.step_target_ms or None
     tiers = kv_tier_fields(args)

@@ -12,7 +12,7 @@ from typing import Callable
 
 import torch
 
-from tideflow_kernels import cache, cases, ops, reference
+from tideflow_kernels import cache, cases, grouped_moe, ops, reference
 from tideflow_kernels.errors import BuildFailed, CompileError
 from tideflow_kernels.loader import implementations
 from tideflow_kernels.spec import BuildManifest, BuildRequest, BuildResult
@@ -94,6 +94,21 @@ def _verify(op: str, impl: Callable, device: str, request: BuildRequest) -> Buil
     return result
 
 
+def _grouped_or_compiled(compiled: BuildResult, impl: Callable, device: str, request: BuildRequest,
+                         say: Progress) -> tuple[BuildResult, Callable]:
+    """moe_experts on torch's grouped GEMM, verified and timed as every op is, against the compiled kernel: the
+    faster of the two that verify (calls the grouped GEMM cannot take go to the compiled kernel, or to the reference
+    where the kernel failed)."""
+    grouped = grouped_moe.make(impl if compiled.status == "verified" else reference.moe_experts)
+    say("checking moe_experts on torch._grouped_mm")
+    tried = _verify("moe_experts", grouped, device, request)
+    if tried.status != "verified" or (compiled.status == "verified" and tried.compiled_us >= compiled.compiled_us):
+        return compiled, impl
+    ours = f"{compiled.compiled_us:.1f} us" if compiled.status == "verified" else compiled.status
+    why = f"torch._grouped_mm {tried.compiled_us:.1f} us a call against this build's kernel {ours}"
+    return tried.model_copy(update={"variant": grouped_moe.VARIANT, "message": why}), grouped
+
+
 def _unverified(op: str) -> BuildResult:
     return BuildResult(op=op, status="unverified",
                        message="compiled; no CUDA device here to check it: run `python -m tideflow_kernels.gpu_check` on a GPU machine")
@@ -144,8 +159,11 @@ def build(request: BuildRequest, progress: Progress | None = None) -> BuildManif
                 continue
             say(f"checking {op}")
             results.append(_verify(op, impls[op], device, request))
+            chosen = impls[op]
+            if op == "moe_experts" and request.backend == "cuda" and grouped_moe.available():
+                results[-1], chosen = _grouped_or_compiled(results[-1], impls[op], device, request, say)
             if request.activate and results[-1].status == "verified":
-                ops.use_compiled(op, impls[op], device)
+                ops.use_compiled(op, chosen, device)
     manifest = BuildManifest(
         target=request.target,
         arch=request.arch,

@@ -10,7 +10,7 @@ import logging
 from pathlib import Path
 from typing import Callable
 
-from tideflow_kernels import cache, ops
+from tideflow_kernels import cache, grouped_moe, ops
 from tideflow_kernels.spec import BuildManifest, backend_of
 
 log = logging.getLogger(__name__)
@@ -42,6 +42,10 @@ def newest_verified(manifests: list[BuildManifest]) -> dict[str, BuildManifest]:
     return chosen
 
 
+def _variant(manifest: BuildManifest, op: str) -> str:
+    return next((r.variant for r in reversed(manifest.results) if r.op == op), "compiled")
+
+
 def load_cached(arch: str = "cpu", key: str | None = None) -> dict[str, Callable]:
     """Route every op with a cached verified build to it (tideflow_kernels.ops.use_compiled), for tensors of the
     build's device (a CPU arch: CPU tensors; sm_XX: CUDA tensors). With `key`, only builds of that cache key
@@ -63,6 +67,8 @@ def load_cached(arch: str = "cpu", key: str | None = None) -> dict[str, Callable
                         key, ", ".join(names), exc)
             continue
         for name, fn in impls.items():
+            if _variant(chosen[name], name) == grouped_moe.VARIANT:  # the build measured it faster
+                fn = grouped_moe.make(fn)
             ops.use_compiled(name, fn, "cpu" if backend == "cpu" else "cuda")
             loaded[name] = fn
         if backend == "cpu":

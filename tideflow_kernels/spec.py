@@ -103,7 +103,10 @@ class BuildResult(BaseModel):
     )
     compiled_us: float | None = Field(None, description="Median call time of the compiled op (us).")
     reference_us: float | None = Field(None, description="Median call time of the reference (us).")
-    message: str = Field("", description="Why it failed (compiler output, error vs limit).")
+    message: str = Field("", description="Why it failed (compiler output, error vs limit), or why a variant won.")
+    variant: str = Field("compiled", description="What the op is routed to: `compiled` (this build's kernel) or "
+                                                 "`grouped_mm` (moe_experts on torch's grouped GEMM, where the "
+                                                 "build measured it faster: tideflow_kernels.grouped_moe).")
 
     @computed_field
     @property

@@ -49,6 +49,9 @@ class EngineKnobs(BaseModel):
         None, description="host memory, local disk and a shared store below the KV cache: evicted blocks are kept "
                           "there and a prompt's blocks found there are loaded instead of computed (engine.kvtier); "
                           "None: the KV cache alone")
+    enforce_eager: bool = Field(False, description="on cuda, run decode steps eagerly instead of replaying them as "
+                                                   "CUDA graphs captured per batch-size bucket at start "
+                                                   "(engine.core.decode_graphs); the CPU always runs eagerly")
     scheduling: Literal["fair", "fcfs"] = Field(
         "fair", description="fair: steps, running slots and KV blocks are shared between clients (API keys) by tokens "
                             "served, so one client's flood costs another a step, not its queue; fcfs: first come, "

@@ -287,12 +287,17 @@ def available_memory(device: torch.device | str) -> int:
 
 def num_blocks_for_budget(
     config: ModelConfig, block_size: int, device: torch.device | str,
-    kv_cache_bytes: int | None = None, kv_cache_fraction: float | None = None,
+    kv_cache_bytes: int | None = None, kv_cache_fraction: float | None = None, reserve_bytes: int = 0,
 ) -> int:
-    """Blocks that fit the budget: an absolute byte count, or a fraction of available memory."""
+    """Blocks that fit the budget: an absolute byte count, or a fraction of available memory that leaves
+    `reserve_bytes` of it free (the decode graphs' memory pool, allocated after the cache)."""
     if (kv_cache_bytes is None) == (kv_cache_fraction is None):
         raise ValueError("give exactly one of kv_cache_bytes and kv_cache_fraction")
-    budget = kv_cache_bytes if kv_cache_bytes is not None else int(available_memory(device) * kv_cache_fraction)
+    if kv_cache_bytes is not None:
+        budget = kv_cache_bytes
+    else:
+        available = available_memory(device)
+        budget = min(int(available * kv_cache_fraction), available - reserve_bytes)
     per_block = kv_bytes_per_block(config, block_size)
     blocks = budget // per_block
     if blocks < 1:

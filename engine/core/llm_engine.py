@@ -35,6 +35,7 @@ from engine.kvtier.metrics import TierMetrics
 from engine.kvtier.tiered import TieredKV, open_tiers
 from engine.model.decoder import MoEForCausalLM
 from engine.model.loader import load_model
+from engine.core.decode_graphs import decode_graphs_for
 from engine.core.model_runner import ModelRunner, SeqStep
 from engine.core.outputs import RequestOutput, RequestStream, Result, Sink
 from engine.core.output_text import RequestText
@@ -90,14 +91,16 @@ class LLMEngine:
         self.make_text = make_text
         self.metrics = metrics if metrics is not None else ServingMetrics()
         mc = model.config
+        graphs = None if runner is not None else decode_graphs_for(model, config)
         if runner is not None:
             num_blocks = runner.num_blocks
         elif config.kv_cache_bytes is not None:
             num_blocks = num_blocks_for_budget(mc, config.block_size, config.device, kv_cache_bytes=config.kv_cache_bytes)
         else:
             fraction = config.kv_cache_fraction or DEFAULT_KV_FRACTION
-            num_blocks = num_blocks_for_budget(mc, config.block_size, config.device, kv_cache_fraction=fraction)
-        self.runner = runner if runner is not None else ModelRunner(model, num_blocks, config.block_size)
+            num_blocks = num_blocks_for_budget(mc, config.block_size, config.device, kv_cache_fraction=fraction,
+                                               reserve_bytes=graphs.pool_bytes() if graphs is not None else 0)
+        self.runner = runner if runner is not None else ModelRunner(model, num_blocks, config.block_size, graphs)
         self.lockstep = bool(getattr(self.runner, "lockstep", False))
         self.kv_tiers = kv_tiers
         self.kv_events = KVEventLog() if config.enable_prefix_cache else None
@@ -203,7 +206,15 @@ class LLMEngine:
         """One short generation through the whole path; the engine is ready after it."""
         self.generate([self.tokenizer.encode("warm up") or [0]], SamplingParams(max_tokens=4))
         self._on_engine_thread(self.scheduler.forget_clients)  # the warm-up is nobody: no share is kept for it
+        self._on_engine_thread(self._capture_graphs)
         self.ready = True
+
+    def _capture_graphs(self) -> None:
+        """Decode as CUDA graphs over the KV cache now allocated (engine.core.decode_graphs); a runner without
+        graphs (the CPU, --enforce-eager, a DEP rank) has nothing to capture."""
+        capture = getattr(self.runner, "capture_graphs", None)
+        if capture is not None:
+            capture()
 
     # ---- submission (any thread) -------------------------------------------------------------
     def check(self, prompt_tokens: list[int], params: SamplingParams, resume: Resume | None = None) -> None:
@@ -345,6 +356,8 @@ class LLMEngine:
         if self.num_open:
             raise EngineError(f"{self.num_open} requests are open; the KV cache cannot be swapped under them")
         self.runner.allocate(num_blocks)
+        if self.ready:  # an activated standby: graphs over the cache it now serves from (the capture time is logged)
+            self._capture_graphs()
         self.allocator = self._new_allocator(num_blocks)
         if self.kv_events is not None:
             self.kv_events.renew()

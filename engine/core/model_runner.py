@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.core.decode_graphs import DecodeGraphs
 from engine.device import to_device
 from engine.model.decoder import MoEForCausalLM
 from engine.model.paged import AttentionMetadata, allocate_kv_cache
@@ -22,31 +23,50 @@ class SeqStep:
 
 
 class ModelRunner:
-    """Owns the model and its KV cache tensors; the block allocator lives with the scheduler."""
+    """Owns the model and its KV cache tensors; the block allocator lives with the scheduler.
 
-    def __init__(self, model: MoEForCausalLM, num_blocks: int, block_size: int = 16) -> None:
+    With `graphs` (engine.core.decode_graphs), decode steps go through its static buffers (replayed as CUDA graphs
+    once `capture_graphs` ran), and the KV cache holds one block more than the allocator hands out: the padded rows'
+    scratch block."""
+
+    def __init__(self, model: MoEForCausalLM, num_blocks: int, block_size: int = 16,
+                 graphs: DecodeGraphs | None = None) -> None:
         self.model = model
         self.config = model.config
         self.block_size = block_size
-        self.num_blocks = num_blocks
         self.device = model.embed.weight.device
-        self.kv_cache = allocate_kv_cache(self.config, num_blocks, block_size, self.device) if num_blocks else []
+        self.graphs = graphs
+        self.num_blocks, self.kv_cache = 0, []
+        if num_blocks:
+            self.allocate(num_blocks)
 
     def allocate(self, num_blocks: int) -> None:
-        """(Re)allocate the KV cache tensors, e.g. when a standby instance is activated."""
+        """(Re)allocate the KV cache tensors, e.g. when a standby instance is activated. Graphs captured over the
+        old cache are dropped: capture_graphs again."""
+        scratch = 1 if self.graphs is not None else 0
         self.num_blocks = num_blocks
-        self.kv_cache = allocate_kv_cache(self.config, num_blocks, self.block_size, self.device)
+        self.kv_cache = allocate_kv_cache(self.config, num_blocks + scratch, self.block_size, self.device)
+        if self.graphs is not None:
+            self.graphs.bind(self.kv_cache, num_blocks)
 
     def release(self) -> None:
-        """Free the KV cache memory; weights stay loaded."""
+        """Free the KV cache memory (and the graphs captured over it); weights stay loaded."""
         self.kv_cache = []
         self.num_blocks = 0
+        if self.graphs is not None:
+            self.graphs.bind([], 0)
+
+    def capture_graphs(self) -> float:
+        """Capture the decode graphs over the current KV cache (after the warm-up); seconds taken, 0 without."""
+        return self.graphs.capture_all() if self.graphs is not None else 0.0
 
     @torch.inference_mode()
     def step(self, seqs: list[SeqStep]) -> torch.Tensor:
         """Logits [len(seqs), vocab] (fp32) at each sequence's last new token."""
         if not self.kv_cache:
             raise RuntimeError("KV cache is released: activate the instance before running steps")
+        if self.graphs is not None and self.graphs.covers(seqs):
+            return self.graphs.run(seqs)
         ids, pos = [], []
         for s in seqs:
             ids.extend(s.tokens)

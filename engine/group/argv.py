@@ -26,6 +26,8 @@ def serve_argv(group: InferenceGroup, spec: RoleSpec, *, model: str, host: str, 
         args += ["--lone-arrival-ms", str(e.lone_arrival_ms)]
     if not e.enable_prefix_cache:
         args.append("--no-prefix-cache")
+    if e.enforce_eager:
+        args.append("--enforce-eager")
     if e.scheduling != type(e).model_fields["scheduling"].default:
         args += ["--scheduling", e.scheduling]
     if e.step_target_ms != type(e).model_fields["step_target_ms"].default:

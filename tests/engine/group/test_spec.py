@@ -197,7 +197,7 @@ def test_a_member_computes_on_its_cpu_share_rounded_up(cpu, threads):
 @pytest.mark.parametrize("field,value,default", [
     ("lone_arrival_ms", None, 20.0), ("lone_arrival_ms", 0.0, None), ("lone_arrival_ms", 5.0, None),
     ("max_client_tokens", None, None), ("max_client_tokens", 0, None), ("max_client_tokens", 4096, None),
-    ("scheduling", "fcfs", None),
+    ("scheduling", "fcfs", None), ("enforce_eager", None, False), ("enforce_eager", True, None),
 ])
 def test_a_member_is_started_with_the_group_s_engine_knobs(field, value, default):
     """The argv carries a knob when the spec changes it, and serve parses it into the engine config."""
