@@ -13,6 +13,7 @@ device busy >= 80 % of a 32-stream step, graphs >= 3x eager at batch 1. Needs a 
 from __future__ import annotations
 
 import argparse
+import gc
 import sys
 import tempfile
 import time
@@ -39,6 +40,9 @@ def engine_for(model, tokenizer, dtype: str, eager: bool, max_seqs: int) -> LLME
     engine = LLMEngine(model, tokenizer, config)
     engine.start()
     engine.warm_up()  # captures the graphs where they are on
+    graphs = engine.runner.graphs
+    if not eager and (graphs is None or not graphs.graphs):
+        raise SystemExit("gpu_decode: no CUDA graph was captured (the engine log says why): nothing to compare")
     return engine
 
 
@@ -57,7 +61,11 @@ def step_profile(engine: LLMEngine, streams: int, steps: int = 20) -> tuple[floa
     (the prompts prefilled before the profile starts)."""
     prompts = [[(11 * s + i) % 1000 + 5 for i in range(32)] for s in range(streams)]
     done = []
-    sink = done.append
+
+    def sink(out) -> None:
+        if out.finished:
+            done.append(out.request_id)
+
     for p in prompts:
         engine.submit(p, SamplingParams(max_tokens=steps + 40, ignore_eos=True), sink)
     while engine.num_running < streams or engine.num_queued:  # every prompt prefilled: decode steps only from here
@@ -103,17 +111,19 @@ def main() -> int:
                     rate, tokens[(mode, streams)] = throughput(engine, streams, args.prompt, args.new_tokens)
                     rows.setdefault(streams, {})[mode] = rate
                     print(f"{mode} {streams} streams: {rate:,.0f} tok/s", file=sys.stderr, flush=True)
-                profiles[mode] = step_profile(engine, 32)
+                profiles[mode] = step_profile(engine, min(32, max(args.streams)))
             finally:
                 engine.stop()
                 del engine
+                gc.collect()  # the engine's KV cache is held through reference cycles: free it for the next mode
                 torch.cuda.empty_cache()
     print(f"device: {torch.cuda.get_device_name(0)}; torch {torch.__version__} (CUDA {torch.version.cuda}); "
           f"{args.dtype}; default model; {args.prompt} tokens in, {args.new_tokens} out")
     print_table(["streams", "eager tok/s", "graphs tok/s", "graphs / eager", "same tokens"],
                 [[s, f"{r['eager']:,.0f}", f"{r['graphs']:,.0f}", f"{r['graphs'] / r['eager']:.2f}x",
                   "yes" if tokens[("eager", s)] == tokens[("graphs", s)] else "NO"] for s, r in rows.items()])
-    print_table(["32-stream decode step", "device busy", "launches / step", "host syncs / step"],
+    print_table([f"{min(32, max(args.streams))}-stream decode step", "device busy", "launches / step",
+                 "host syncs / step"],
                 [[mode, f"{100 * busy:.1f} %", f"{launches:.0f}", f"{syncs:.1f}"]
                  for mode, (busy, launches, syncs) in profiles.items()])
     return 0

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import time
+from contextlib import ExitStack
+from typing import Literal
+from unittest import mock
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -31,6 +34,10 @@ class ReplayStep(BaseModel):
     batches: list[list[SeqSpec]] | None = Field(None, description="per-rank batches of this step")
     rebalance: bool = Field(False, description="rebalance experts here (to `placement`, or by the expert LB's plan)")
     placement: Placement | None = Field(None, description="placement to apply when rebalancing")
+    fault: Literal["low_memory", "stage_error"] | None = Field(
+        None, description="a rebalance that goes wrong on `fault_rank`: it reports no free memory (the move is "
+                          "refused), or its staging raises after the exchange (the move fails)")
+    fault_rank: int = Field(0, ge=0, description="the rank the fault hits")
 
     @model_validator(mode="after")
     def _check(self) -> "ReplayStep":
@@ -53,6 +60,7 @@ class RankResult(BaseModel):
 
     logits: list[list[list[float]] | None]
     placements: list[list[list[int]]] = Field(description="phy2log after each rebalance")
+    failed_moves: int = Field(0, description="rebalances this rank saw refused or failed")
     step_seconds: float = Field(description="wall time of the model steps")
     step_bytes: int = Field(description="dispatch/combine bytes this rank sent during model steps")
     tokens: int = Field(description="tokens this rank processed")
@@ -68,7 +76,10 @@ def replay_rank(dist_config: DistConfig, job: ReplayJob) -> RankResult:
     seconds, sent, tokens = 0.0, 0, 0
     for step in job.steps:
         if step.rebalance:
-            applied = rank.rebalance(step.placement)
+            with ExitStack() as faults:
+                if step.fault is not None and dist_config.rank == step.fault_rank:
+                    faults.enter_context(_fault(rank, step.fault))
+                applied = rank.rebalance(step.placement)
             placements.append(applied.phy2log if applied else rank.placement.phy2log)
             logits.append(None)
             continue
@@ -82,4 +93,16 @@ def replay_rank(dist_config: DistConfig, job: ReplayJob) -> RankResult:
         logits.append(out.cpu().tolist())
     routed = int(rank.stats.window_load().sum())
     return RankResult(logits=logits, placements=placements, step_seconds=seconds, step_bytes=sent, tokens=tokens,
-                      routed=routed)
+                      routed=routed, failed_moves=rank.failed_moves)
+
+
+def _fault(rank: DEPRank, kind: str):
+    if kind == "low_memory":
+        return mock.patch("engine.parallel.dep.available_memory", return_value=0)
+    stage = rank._stage_weights
+
+    def fail_after_the_exchange(new):
+        stage(new)  # the peers' exchange completes; this rank's staging then fails
+        raise MemoryError("injected: staging the new expert weights")
+
+    return mock.patch.object(rank, "_stage_weights", side_effect=fail_after_the_exchange)

@@ -96,16 +96,14 @@ def _verify(op: str, impl: Callable, device: str, request: BuildRequest) -> Buil
 
 def _grouped_or_compiled(compiled: BuildResult, impl: Callable, device: str, request: BuildRequest,
                          say: Progress) -> tuple[BuildResult, Callable]:
-    """moe_experts on torch's grouped GEMM, verified and timed as every op is, against the compiled kernel: the
-    faster of the two that verify (calls the grouped GEMM cannot take go to the compiled kernel, or to the reference
-    where the kernel failed)."""
-    grouped = grouped_moe.make(impl if compiled.status == "verified" else reference.moe_experts)
+    """moe_experts on torch's grouped GEMM, verified and timed as every op is, against the verified compiled kernel
+    (which takes the calls the grouped GEMM cannot): the faster of the two."""
+    grouped = grouped_moe.make(impl)
     say("checking moe_experts on torch._grouped_mm")
     tried = _verify("moe_experts", grouped, device, request)
-    if tried.status != "verified" or (compiled.status == "verified" and tried.compiled_us >= compiled.compiled_us):
+    if tried.status != "verified" or tried.compiled_us >= compiled.compiled_us:
         return compiled, impl
-    ours = f"{compiled.compiled_us:.1f} us" if compiled.status == "verified" else compiled.status
-    why = f"torch._grouped_mm {tried.compiled_us:.1f} us a call against this build's kernel {ours}"
+    why = f"torch._grouped_mm {tried.compiled_us:.1f} us a call against this build's kernel {compiled.compiled_us:.1f} us"
     return tried.model_copy(update={"variant": grouped_moe.VARIANT, "message": why}), grouped
 
 
@@ -160,7 +158,8 @@ def build(request: BuildRequest, progress: Progress | None = None) -> BuildManif
             say(f"checking {op}")
             results.append(_verify(op, impls[op], device, request))
             chosen = impls[op]
-            if op == "moe_experts" and request.backend == "cuda" and grouped_moe.available():
+            if (op == "moe_experts" and request.backend == "cuda" and grouped_moe.available()
+                    and results[-1].status == "verified"):
                 results[-1], chosen = _grouped_or_compiled(results[-1], impls[op], device, request, say)
             if request.activate and results[-1].status == "verified":
                 ops.use_compiled(op, chosen, device)

@@ -23,9 +23,15 @@ def available() -> bool:
 
 
 def fits(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor) -> bool:
-    """Rows of x, w13 and w2 (hidden and intermediate sizes) are whole multiples of 16 bytes."""
+    """Rows of x, w13 and w2 (hidden and intermediate sizes) are whole multiples of 16 bytes; on CUDA, bf16 on a
+    Hopper or newer GPU (what torch's grouped GEMM runs on tensor cores, without reading the groups back)."""
     size = x.element_size()
-    return x.shape[1] * size % 16 == 0 and w2.shape[2] * size % 16 == 0
+    if x.shape[1] * size % 16 or w2.shape[2] * size % 16:
+        return False
+    if x.device.type == "cuda":
+        return (x.dtype == w13.dtype == w2.dtype == torch.bfloat16
+                and torch.cuda.get_device_capability(x.device)[0] >= 9)
+    return True
 
 
 def sorted_by_expert(topk_ids: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -35,13 +41,15 @@ def sorted_by_expert(topk_ids: torch.Tensor, num_experts: int) -> tuple[torch.Te
     kept = flat >= 0
     key = torch.where(kept, flat, num_experts)
     order = torch.argsort(key, stable=True)
-    ends = torch.cumsum(torch.bincount(key, minlength=num_experts + 1)[:num_experts], 0).to(torch.int32)
+    # counted by a scatter, not torch.bincount, which reads the ids' range back to the host on CUDA (no capture)
+    counts = torch.zeros(num_experts + 1, dtype=torch.int64, device=flat.device).index_add_(0, key, torch.ones_like(key))
+    ends = torch.cumsum(counts[:num_experts], 0).to(torch.int32)
     return order, ends, kept.index_select(0, order)
 
 
 def make(fallback):
-    """moe_experts on the grouped GEMM where a call `fits`, on `fallback` (the compiled kernel, or the reference)
-    where it does not."""
+    """moe_experts on the grouped GEMM where a call `fits`, on `fallback` (the verified compiled kernel) where it
+    does not."""
 
     def grouped_or_fallback(x, w13, w2, topk_weights, topk_ids, tiled=False):
         if tiled or not fits(x, w13, w2):

@@ -158,8 +158,12 @@ PD_EP = (
                       (Query("sum by (instance) (tideflow_expert_window_tokens)", "{{instance}}"),)),
             PanelSpec("EPLB imbalance", "max/mean tokens per expert over the window, per MoE layer (1.0 is even)",
                       (Query("max by (layer) (tideflow_expert_window_imbalance)", "layer {{layer}}"),)),
-            PanelSpec("Expert rebalances", "live expert rebalances applied",
-                      (Query(f"sum by (group) (increase(tideflow_expert_rebalances_total{RATE}))", "{{group}}"),)),
+            PanelSpec("Expert rebalances", "live expert rebalances applied, and those refused or failed (the old "
+                                           "placement kept: a rank lacked the memory to stage the new weights, or "
+                                           "staging failed)",
+                      (Query(f"sum by (group) (increase(tideflow_expert_rebalances_total{RATE}))", "applied {{group}}"),
+                       Query(f"sum by (group) (increase(tideflow_expert_rebalance_failures_total{RATE}))",
+                             "not applied {{group}}"))),
         )),
     ))
 

@@ -157,7 +157,9 @@ class DecodeGraphs:
         except RuntimeError as exc:
             self.graphs.clear()
             self.logits.clear()
-            log.warning("CUDA graphs: capture failed, decode runs eagerly: %s", exc)
+            cause = f" (within: {exc.__context__})" if exc.__context__ is not None else ""
+            log.warning("CUDA graphs: capture failed, decode runs eagerly: %s%s; an op left on torch's reference "
+                        "(which reads sizes back to the host) is the usual cause", exc, cause)
             return 0.0
         took = time.perf_counter() - t0
         log.info("CUDA graphs: captured decode for batch sizes %s in %.2f s", ",".join(map(str, self.batches)), took)
@@ -168,18 +170,21 @@ class DecodeGraphs:
         one-block cache (what the KV cache's sizing leaves free for it). 0 off CUDA."""
         if not self.capture:
             return 0
-        largest = self.batches[-1]
-        cache = allocate_kv_cache(self.model.config, 1, self.block_size, self.input_ids.device)
+        device, largest = self.input_ids.device, self.batches[-1]
+        cache = allocate_kv_cache(self.model.config, 1, self.block_size, device)
         kept = self.kv_cache, self.scratch
         self.kv_cache, self.scratch = cache, 0
         try:
-            torch.cuda.synchronize()
-            before = torch.cuda.memory_allocated()
-            torch.cuda.reset_peak_memory_stats()
+            torch.cuda.synchronize(device)
+            before = torch.cuda.memory_allocated(device)
+            torch.cuda.reset_peak_memory_stats(device)
             with torch.inference_mode():
                 self._fill([], largest)
                 self._forward(largest)
-            torch.cuda.synchronize()
-            return torch.cuda.max_memory_allocated() - before
+            torch.cuda.synchronize(device)
+            outputs = sum(self.batches) * self.model.config.vocab_size * 4  # every graph keeps its fp32 logits
+            return torch.cuda.max_memory_allocated(device) - before + outputs
         finally:
             self.kv_cache, self.scratch = kept
+            del cache
+            torch.cuda.empty_cache()  # the free memory the KV cache is sized from must not count this as used

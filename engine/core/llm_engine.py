@@ -114,6 +114,7 @@ class LLMEngine:
         self.eos_ids = tuple(set(mc.eos_ids) | set(tokenizer.eos_ids))
         self.max_model_len = min(mc.context_length, num_blocks * config.block_size)
         self.ready = False
+        self.warmed = False  # warm_up ran: a KV cache allocated later (a standby's activation) gets its graphs then
         self._requests: dict[str, _Request] = {}
         self._adds: deque[_Request] = deque()  # filled by any thread, drained by the engine thread
         self._imports: list[_Request] = []  # prefilled elsewhere, in arrival order (Scheduler.next_import picks)
@@ -207,6 +208,7 @@ class LLMEngine:
         self.generate([self.tokenizer.encode("warm up") or [0]], SamplingParams(max_tokens=4))
         self._on_engine_thread(self.scheduler.forget_clients)  # the warm-up is nobody: no share is kept for it
         self._on_engine_thread(self._capture_graphs)
+        self.warmed = True
         self.ready = True
 
     def _capture_graphs(self) -> None:
@@ -356,7 +358,7 @@ class LLMEngine:
         if self.num_open:
             raise EngineError(f"{self.num_open} requests are open; the KV cache cannot be swapped under them")
         self.runner.allocate(num_blocks)
-        if self.ready:  # an activated standby: graphs over the cache it now serves from (the capture time is logged)
+        if self.warmed:  # an activated standby: graphs over the cache it now serves from (the capture time is logged)
             self._capture_graphs()
         self.allocator = self._new_allocator(num_blocks)
         if self.kv_events is not None:

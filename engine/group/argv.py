@@ -51,6 +51,13 @@ def serve_argv(group: InferenceGroup, spec: RoleSpec, *, model: str, host: str, 
             raise ValueError(f"role {spec.role} has {spec.members_per_instance} members per instance: "
                              "a member's rank and the rendezvous address are needed")
         args += ["--dep-rank", str(rank), "--dep-size", str(spec.members_per_instance), "--dist-addr", dist_addr]
+        fields = type(spec).model_fields
+        if spec.eplb_interval_steps != fields["eplb_interval_steps"].default:
+            args += ["--eplb-interval-steps", str(spec.eplb_interval_steps)]
+        if spec.eplb_threshold != fields["eplb_threshold"].default:
+            args += ["--eplb-threshold", str(spec.eplb_threshold)]
+        if spec.redundant_experts:
+            args += ["--redundant-experts", str(spec.redundant_experts)]
     if e.kv_tiers is not None:
         args += ["--kv-tiers", e.kv_tiers.model_dump_json(exclude_defaults=True)]
     if e.faults is not None:

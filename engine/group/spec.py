@@ -138,6 +138,20 @@ class RoleSpec(BaseModel):
     resources: Resources = Field(default_factory=Resources, description="per member")
     engine: EngineArgs = Field(default_factory=EngineArgs, description="engine args of every member")
     port_base: int | None = Field(None, ge=1024, le=65535, description="first port of this role's members (local backend)")
+    redundant_experts: int = Field(0, ge=0, le=4096, description="DEP roles: expert slots per MoE layer beyond one per "
+                                                                 "expert, for replicas of hot experts the expert LB "
+                                                                 "places and moves live (`serve --redundant-experts`)")
+    eplb_interval_steps: int = Field(1000, gt=0, description="DEP roles: steps between checks of the ranks' expert "
+                                                             "load (`serve --eplb-interval-steps`)")
+    eplb_threshold: float = Field(1.1, ge=1.0, description="DEP roles: rebalance when max/mean rank load exceeds this "
+                                                           "(`serve --eplb-threshold`)")
+
+    @model_validator(mode="after")
+    def _experts_on_dep(self) -> "RoleSpec":
+        if self.redundant_experts and self.members_per_instance < 2:
+            raise ValueError(f"redundant_experts {self.redundant_experts} needs a DEP role of 2 members or more, not "
+                             f"{self.parallel}: one member holds every expert once")
+        return self
 
     @field_validator("parallel")
     @classmethod

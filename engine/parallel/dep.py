@@ -5,10 +5,16 @@ empty one. The ranks first agree (all_reduce) whether anyone has work; if so a r
 runs an empty pass that still joins each MoE layer's dispatch/combine, so collectives always pair
 up layer by layer. `rebalance` is also collective and runs between steps: KV caches are untouched,
 only expert weights move (from the peer holding them), so in-flight requests continue unchanged.
+
+A move is all or nothing across the instance: the ranks agree that each has the memory for the new weights beside
+the old ones, exchange the rows, stage every layer's new weights, and agree again before any rank swaps them in.
+A refused or failed move keeps the old placement everywhere (logged, counted in `failed_moves`): mixed placements
+would send tokens to the wrong experts.
 """
 
 from __future__ import annotations
 
+import logging
 from functools import partial
 
 import torch
@@ -16,15 +22,17 @@ import torch.distributed as dist
 from prometheus_client import CollectorRegistry
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from engine.parallel.eplb import Placement
+from engine.parallel.eplb import Placement, rebalance_experts
 from engine.parallel.expert_lb import ExpertLB, ExpertLBConfig
-from engine.core.kv_cache import num_blocks_for_budget
+from engine.core.kv_cache import available_memory, num_blocks_for_budget
 from engine.model.loader import load_model, read_config
 from engine.core.model_runner import ModelRunner, SeqStep
 from engine.parallel.dispatch import Exchange, ExchangeKind, ExpertDispatch, as_bytes, from_bytes
 from engine.parallel.dist import DistConfig
 from engine.parallel.expert_load import ExpertLoadStats
 from tideflow_kernels.tiles import from_tiles, to_tiles
+
+log = logging.getLogger(__name__)
 
 
 class DEPConfig(BaseModel):
@@ -61,7 +69,8 @@ class DEPRank:
         self.device = dist_config.torch_device
         model_config = read_config(config.model_dir, config.dtype)
         self.moe_index = [i for i in range(model_config.num_layers) if model_config.is_moe_layer(i)]
-        placement = placement or Placement.contiguous(len(self.moe_index), model_config.num_experts, self.world)
+        placement = placement or initial_placement(len(self.moe_index), model_config.num_experts, self.world,
+                                                   config.lb.num_redundant)
         if placement.num_ranks != self.world or placement.num_layers != len(self.moe_index):
             raise ValueError(f"placement is for {placement.num_ranks} ranks x {placement.num_layers} MoE layers; "
                              f"this instance has {self.world} ranks x {len(self.moe_index)} MoE layers")
@@ -76,6 +85,7 @@ class DEPRank:
         self.lb = ExpertLB(placement, config.lb)
         self.stats = ExpertLoadStats(len(self.moe_index), self.config.num_experts, config.window_steps, registry)
         self.steps = 0
+        self.failed_moves = 0  # rebalances refused or failed: the old placement kept
         for j, moe in enumerate(self.model.moe_layers()):
             moe.dispatcher = partial(self._dispatch, j)
             moe.load_observer = partial(self.stats.observe, j)
@@ -152,11 +162,43 @@ class DEPRank:
             if self.world > 1:
                 dist.broadcast(table, 0)
             placement = Placement(num_logical=self.config.num_experts, num_ranks=self.world, phy2log=table.tolist())
-        self._move_weights(placement)
+        needed, free = self._staging_bytes(placement), available_memory(self.device)
+        if not self._all(needed <= free):
+            return self._kept(placement, f"refused: rank {self.rank} stages {needed} bytes of expert weights with "
+                                         f"{free} free" if needed > free else "refused: a peer lacks the memory")
+        try:
+            staged = self._stage_weights(placement)
+        except Exception as exc:  # this rank cannot build the new weights: no rank swaps them in
+            log.exception("DEP rank %d: staging the new expert placement failed", self.rank)
+            staged, why = None, f"failed on rank {self.rank}: {exc}"
+        if not self._all(staged is not None):
+            return self._kept(placement, why if staged is None else "failed on a peer")
+        self._swap_in(placement, staged)
         return placement
 
-    def _move_weights(self, new: Placement) -> None:
-        """Fill this rank's new slots: copy experts it already holds, receive the rest from their holder."""
+    def _all(self, ok: bool) -> bool:
+        """Collective: whether every rank says ok."""
+        if self.world == 1:
+            return ok
+        t = torch.tensor([int(ok)], dtype=torch.int64, device=self.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MIN)
+        return bool(int(t))
+
+    def _kept(self, placement: Placement, why: str) -> None:
+        self.failed_moves += 1
+        log.warning("DEP rank %d: expert rebalance to %d physical experts not applied (%s); the old placement stays",
+                    self.rank, placement.num_physical, why)
+        return None
+
+    def _staging_bytes(self, new: Placement) -> int:
+        """This rank's new expert weights, held beside the old ones until the swap."""
+        per_expert = sum(e.w13[0].numel() * e.w13.element_size() + e.w2[0].numel() * e.w2.element_size()
+                         for e in (moe.experts for moe in self.model.moe_layers()))
+        return new.slots_per_rank * per_expert
+
+    def _stage_weights(self, new: Placement) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Collective (one exchange): every layer's new w13 and w2 for this rank's slots: copies of experts it
+        already holds, the rest received from their holder. Nothing is swapped in yet."""
         old = self.lb.placement
         moes = self.model.moe_layers()
         plan: list[tuple[int, int, int, int, int]] = []  # (layer, dst rank, dst slot, src rank, src slot)
@@ -176,6 +218,7 @@ class DEPRank:
         width = self._expert_row(moes[0].experts, 0).shape[1]
         empty = torch.empty(0, width, dtype=torch.uint8, device=self.device)
         inbox = [iter(b) for b in self.exchange.exchange([torch.cat(c) if c else empty for c in chunks], counts)]
+        staged = []
         for j, moe in enumerate(moes):
             e = moe.experts
             rows = []
@@ -188,6 +231,13 @@ class DEPRank:
             w2 = from_bytes(flat[:, split:], e.w2.dtype).view(-1, *e.w2.shape[1:])
             if e.tiled:  # the rows travel row-major (_expert_row); this rank keeps its experts tiled
                 w13, w2 = to_tiles(w13), to_tiles(w2)
+            staged.append((w13, w2))
+        return staged
+
+    def _swap_in(self, new: Placement, staged: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Every layer's staged weights and slot map at once, then the dispatcher's and the expert LB's."""
+        for j, (moe, (w13, w2)) in enumerate(zip(self.model.moe_layers(), staged)):
+            e = moe.experts
             e.w13 = torch.nn.Parameter(w13, requires_grad=False)
             e.w2 = torch.nn.Parameter(w2, requires_grad=False)
             e.local_experts = new.rank_experts(j, self.rank)
@@ -206,3 +256,16 @@ class DEPRank:
         if experts.tiled:
             w13, w2 = from_tiles(w13), from_tiles(w2)
         return torch.cat((as_bytes(w13.reshape(1, -1)), as_bytes(w2.reshape(1, -1))), 1)
+
+
+def initial_placement(num_layers: int, num_logical: int, num_ranks: int, num_redundant: int) -> Placement:
+    """Where the experts start: contiguous without replicas; with `num_redundant` extra slots, the expert LB's plan
+    for an even load (the replicas go to the first experts until the ranks' own load says better, at the first
+    rebalance). A count that cannot be split evenly over the ranks is refused, naming the numbers."""
+    if not num_redundant:
+        return Placement.contiguous(num_layers, num_logical, num_ranks)
+    if (num_logical + num_redundant) % num_ranks:
+        raise ValueError(f"redundant_experts {num_redundant}: {num_logical} experts + {num_redundant} replicas do not "
+                         f"split evenly over {num_ranks} ranks; choose a count that makes the sum a multiple of "
+                         f"{num_ranks}")
+    return rebalance_experts(torch.ones(num_layers, num_logical), num_ranks, num_redundant)

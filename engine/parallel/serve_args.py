@@ -17,6 +17,9 @@ class DEPServeConfig(BaseModel):
     rebalance_interval_steps: int = Field(1000, gt=0, description="steps between expert rebalance checks")
     imbalance_threshold: float = Field(1.1, ge=1.0, description="rebalance when max/mean rank load exceeds this")
     idle_wait_s: float = Field(0.002, gt=0, le=0.1, description="wait between polls when no rank has work")
+    redundant_experts: int = Field(0, ge=0, le=4096, description="physical expert slots per MoE layer beyond one per "
+                                                                 "expert, spread over the ranks: replicas of hot "
+                                                                 "experts (--redundant-experts)")
 
     def dist_config(self, device: str = "cpu"):
         """The engine.parallel.dist.DistConfig of this rank, computing on `device` (the engine's --device)."""
@@ -37,14 +40,20 @@ def add_arguments(parser) -> None:
     parser.add_argument("--eplb-interval-steps", type=int, default=1000, help="steps between expert rebalance checks")
     parser.add_argument("--eplb-threshold", type=float, default=1.1,
                         help="rebalance experts when max/mean rank load exceeds this")
+    parser.add_argument("--redundant-experts", type=int, default=0,
+                        help="extra expert slots per MoE layer over the instance, for replicas of hot experts "
+                             "(experts + this must split evenly over the ranks)")
 
 
 def dep_serve_config(args) -> DEPServeConfig | None:
     """The DEP settings of `tideflow serve`, or None for a single-process engine."""
     if args.dep_size <= 1:
+        if args.redundant_experts:
+            raise ValueError("--redundant-experts needs a DEP instance (--dep-size > 1): one process holds every "
+                             "expert once and has no rank to spread a replica to")
         return None
     if not args.dist_addr:
         raise ValueError("--dist-addr HOST:PORT is required with --dep-size > 1")
     return DEPServeConfig(rank=args.dep_rank, size=args.dep_size, dist_addr=args.dist_addr,
                           timeout_s=args.dist_timeout_s, rebalance_interval_steps=args.eplb_interval_steps,
-                          imbalance_threshold=args.eplb_threshold)
+                          imbalance_threshold=args.eplb_threshold, redundant_experts=args.redundant_experts)

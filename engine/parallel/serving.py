@@ -43,6 +43,8 @@ class DEPRunner:
         self.model, self.config = rank.model, rank.config
         self.idle_wait_s = idle_wait_s
         self.rebalances = metrics.factory.counter("expert_rebalances_total", "live expert rebalances this rank applied")
+        self.rebalance_failures = metrics.factory.counter(
+            "expert_rebalance_failures_total", "expert rebalances refused or failed (the old placement kept)")
         self._last_check = 0
 
     @property
@@ -74,9 +76,11 @@ class DEPRunner:
             steps = self.rank.steps
             if steps != self._last_check and self.rank.lb.due(steps):
                 self._last_check = steps
+                failed = self.rank.failed_moves
                 if self.rank.rebalance() is not None:
                     self.rebalances.inc()
                     log.info("DEP rank %d: experts rebalanced at step %d", self.rank.rank, steps)
+                self.rebalance_failures.inc(self.rank.failed_moves - failed)
             return logits
         except Exception:
             exit_member(EXIT_PEER_LOST, f"DEP rank {self.rank.rank}: a collective step failed (a peer died or "
@@ -96,7 +100,8 @@ def build_dep_engine(model_dir: str, config: EngineConfig, dep: DEPServeConfig,
     """Join the instance (a rendezvous: returns once every rank is there), load this rank's experts, wrap it."""
     dist_config = dep.dist_config(config.device)
     pdist.init(dist_config)
-    lb = ExpertLBConfig(rebalance_interval_steps=dep.rebalance_interval_steps, imbalance_threshold=dep.imbalance_threshold)
+    lb = ExpertLBConfig(num_redundant=dep.redundant_experts, rebalance_interval_steps=dep.rebalance_interval_steps,
+                        imbalance_threshold=dep.imbalance_threshold)
     fraction = None if config.kv_cache_bytes is not None else config.kv_cache_fraction or DEFAULT_KV_FRACTION
     dep_config = DEPConfig(model_dir=model_dir, dtype=config.dtype, num_blocks=None, kv_cache_bytes=config.kv_cache_bytes,
                            kv_cache_fraction=fraction,

@@ -72,6 +72,3 @@ def test_the_build_keeps_the_faster_of_the_two_that_verify():
     fast = BuildResult(op="moe_experts", status="verified", compiled_us=1e-9, reference_us=1.0)
     result, fn = _grouped_or_compiled(fast, reference.moe_experts, "cpu", request, lambda _: None)
     assert result is fast and fn is reference.moe_experts
-    wrong = BuildResult(op="moe_experts", status="wrong_result", message="bf16: relative error 1 > limit 0.04")
-    result, _ = _grouped_or_compiled(wrong, reference.moe_experts, "cpu", request, lambda _: None)
-    assert result.variant == "grouped_mm" and result.status == "verified"

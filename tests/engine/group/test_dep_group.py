@@ -26,7 +26,6 @@ from engine.tokenizer import ChatMessage, Tokenizer
 EIGHT_EXPERTS = TINY_CONFIG.model_copy(update={"num_experts": 8})
 PROMPTS = [("the experts " * (1 + i % 5)) + f"request {i}" for i in range(16)]
 MAX_TOKENS = [6 + (i * 7) % 18 for i in range(16)]
-EPLB_FLAGS = ["--eplb-interval-steps", "4", "--eplb-threshold", "1.0"]
 KEY = "dep-test-key"
 
 
@@ -53,17 +52,18 @@ def reference(moe8_dir):
 def groupset(moe8_dir, tideflow_home):
     policy = SupervisionPolicy(ready_timeout_s=90, max_restarts=2, backoff_s=0.2)
     with LocalGroupSet(GroupSetConfig(model_dir=Path(moe8_dir), model_name="default", policy=policy)) as gs:
-        plain = gs.backend.member_args
-        # Rebalance every few steps so live EPLB moves experts under the running requests.
-        gs.backend.member_args = lambda group, member, *a: plain(group, member, *a) + (EPLB_FLAGS if member.size > 1 else [])
         yield gs
 
 
-def dep_spec(model_dir) -> InferenceGroup:
+def dep_spec(model_dir, name: str = "dep2", redundant_experts: int = 0) -> InferenceGroup:
+    """Prefill, and a DEP2 decode instance rebalancing every few steps, so live EPLB moves experts under the
+    running requests."""
     engine = {"kv_cache_bytes": 4_000_000, "max_wait_ms": 0}
+    decode = {"role": "decode", "parallel": "DEP2", "engine": engine, "eplb_interval_steps": 4, "eplb_threshold": 1.0,
+              "redundant_experts": redundant_experts}
     return InferenceGroup.model_validate({
-        "name": "dep2", "version": "v1", "model": {"path": str(model_dir)},
-        "roles": [{"role": "prefill", "engine": engine}, {"role": "decode", "parallel": "DEP2", "engine": engine}]})
+        "name": name, "version": "v1", "model": {"path": str(model_dir)},
+        "roles": [{"role": "prefill", "engine": engine}, decode]})
 
 
 async def ask_all(url: str, key: str) -> list[str]:
@@ -123,6 +123,24 @@ def test_dep2_decode_serves_like_one_process_and_rebuilds_whole(groupset, moe8_d
 
         texts = asyncio.run(ask_all(groupset.url, groupset.client_key))
         assert texts == reference
+    finally:
+        group.drain_and_stop(5)
+
+
+def test_dep2_with_replicas_serves_the_tokens_of_one_process_through_live_rebalances(groupset, moe8_dir, reference):
+    """Two replica slots over the DEP2 decode instance (10 physical experts for 8): its ranks load the replicas from
+    the checkpoint, spread a hot expert's tokens over them, and move them live every few steps under 16 requests at
+    once; every answer is the one process's, and no move fails."""
+    group = groupset.up(dep_spec(moe8_dir, "dep2-replicas", redundant_experts=2))
+    try:
+        assert group.wait_for({GroupState.READY, GroupState.FAILED}, 120) == GroupState.READY, group.status.events
+        assert asyncio.run(ask_all(groupset.url, groupset.client_key)) == reference
+        decode_urls = sorted(e["url"] for g in groupset.admin.groups() if g["name"] == "dep2-replicas"
+                             for e in g["endpoints"] if e["role"] == "decode")
+        scraped = [scrape(u, groupset.backend.api_key) for u in decode_urls]
+        moved = [sample_sum(s, "tideflow_expert_rebalances_total") for s in scraped]
+        assert moved[0] >= 1 and moved[0] == moved[1], moved
+        assert [sample_sum(s, "tideflow_expert_rebalance_failures_total") for s in scraped] == [0, 0]
     finally:
         group.drain_and_stop(5)
 

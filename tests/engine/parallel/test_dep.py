@@ -11,7 +11,7 @@ from engine.parallel.eplb import Placement, rebalance_experts
 from engine.parallel.expert_lb import ExpertLBConfig
 from engine.model import load_model
 from engine.core.model_runner import ModelRunner, SeqStep
-from engine.parallel.dep import DEPConfig, DEPRank
+from engine.parallel.dep import DEPConfig, DEPRank, initial_placement
 from engine.parallel.dist import DistConfig
 from engine.parallel.launch import RankError, run_ranks
 from harness.dep_replay import ReplayJob, ReplayStep, SeqSpec, replay_rank
@@ -112,6 +112,32 @@ def test_dep2_with_replicas_from_the_start(moe8_dir):
     assert diff <= 1e-5
     # every rank counted its own routing: 37 + 2 + 1 tokens, top-2, two MoE layers
     assert sum(r.routed for r in results) == (12 + 5 + 20 + 2 + 1) * 2 * 2
+
+
+@pytest.mark.parametrize("fault", ["low_memory", "stage_error"])
+def test_a_refused_or_failed_move_keeps_the_old_placement_on_every_rank(moe8_dir, fault):
+    """A rebalance that one rank cannot take (too little memory for the new weights beside the old, or its staging
+    fails after the exchange) leaves both ranks on the old placement, and the steps after it still give the logits
+    of one process."""
+    skewed = rebalance_experts(torch.tensor([[1, 1, 1, 1, 1, 1, 1, 50], [40, 1, 1, 1, 1, 1, 1, 1]]), 2, 4)
+    steps = _schedule()[:3] + [ReplayStep(rebalance=True, placement=skewed, fault=fault, fault_rank=1)] + \
+        _schedule()[4:5]
+    job = ReplayJob(dep=DEPConfig(model_dir=str(moe8_dir), num_blocks=8), steps=steps)
+    results = run_ranks(replay_rank, 2, job, timeout_s=120)
+    contiguous = [list(range(8))] * 2
+    assert [r.placements for r in results] == [[contiguous], [contiguous]]
+    assert [r.failed_moves for r in results] == [1, 1]
+    assert _max_diff(results, _single_process(moe8_dir, steps)) <= 1e-5
+
+
+def test_redundant_experts_start_replicated_and_must_split_over_the_ranks():
+    placement = initial_placement(2, 8, 2, 2)
+    assert placement.num_physical == 10 and placement.slots_per_rank == 5
+    _, _, logcnt = placement.maps()
+    assert int(logcnt.sum()) == 2 * 10 and int(logcnt.max()) == 2
+    assert initial_placement(2, 8, 2, 0) == Placement.contiguous(2, 8, 2)
+    with pytest.raises(ValueError, match="8 experts \\+ 3 replicas do not split evenly over 2 ranks"):
+        initial_placement(2, 8, 2, 3)
 
 
 def test_a_failing_rank_is_reported_and_reaped(tmp_path):
