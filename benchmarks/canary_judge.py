@@ -1,15 +1,20 @@
 """The canary judge against today's threshold gates, on seeded synthetic canaries whose truth is known.
 
-    python benchmarks/canary_judge.py [--runs 2000] [--seed 0]
+    python benchmarks/canary_judge.py [--runs 2000] [--seed 0] [--share 0.05 0.25 0.5] [--judge '{"spending": "pocock"}']
 
 Each run is one canary step: requests arrive, a share `canary_share` of them to the canary, and both sides
-are judged every `look_every` canary requests, as a hold checks every second. Latencies are log-normal
-(TTFT median 150 ms, sigma 0.5; TPOT median 20 ms, sigma 0.3; end-to-end = TTFT + TPOT x 32-256 output
-tokens), errors Bernoulli. Scenarios:
+are judged every `look_every` canary requests, as a hold checks every second. The step's horizon is its
+length (the canary requests the hold sees: what rollout.py estimates from the canary's arrival rate), so the
+judge spends its whole alpha by then. Latencies are log-normal (TTFT median 150 ms, sigma 0.5; TPOT median
+20 ms, sigma 0.3; end-to-end = TTFT + TPOT x 32-256 output tokens), errors Bernoulli. Scenarios:
   good   : canary = baseline                          -> rolled back (false rollback) in how many runs
   good, 1 % errors: both sides fail 1 % of requests   -> the same, with the error test at its H0 boundary
   slow   : canary TTFT x 1.3 (every quantile)        -> caught within 200 canary requests in how many
   errors : canary 2 % errors, baseline 0 %           -> caught within 300 canary requests in how many
+and, reported without a target: at the margin (TTFT x 1.1, what the margin allows), 15 % slower (TTFT x 1.15
+within 400), bimodal (10 % of canary requests 5x slower TTFT, within 400) and 1 % errors against 0.2 % (within
+600). Per row: rolled back, the median canary requests to a verdict, and the alpha the judge had spent by its
+last look (all metrics; the whole 0.05 when a run reached the step's end undecided).
 The threshold gates are those of the suite shipped before the judge (deployments/expectations/canary.json at
 the time): once the canary has `min_requests` (100) requests, fail at any check where TTFT or TPOT p99 exceeds
 1.2x the baseline's or the error rate exceeds the baseline's by 0.5 percentage points (exact p99s, kinder to
@@ -19,6 +24,7 @@ them than the histogram quantiles they read).
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -35,6 +41,7 @@ from engine.canary.judge import JudgeConfig, Samples, SequentialJudge, step_verd
 class Scenario(BaseModel):
     name: str
     ttft_factor: float = 1.0
+    slow_share: float = Field(0.0, ge=0, le=1, description="canary requests whose TTFT is 5x (bimodal latency)")
     error_rate: float = 0.0
     baseline_error_rate: float = 0.0
     canary_share: float = Field(0.05, gt=0, lt=1, description="the step's canary share of the traffic")
@@ -46,14 +53,21 @@ SCENARIOS = {
     "good, 1 % errors": Scenario(name="good, 1 % errors", error_rate=0.01, baseline_error_rate=0.01, canary_requests=400),
     "slow": Scenario(name="slow", ttft_factor=1.3, canary_requests=200),
     "errors": Scenario(name="errors", error_rate=0.02, canary_requests=300),
+    "at the margin": Scenario(name="at the margin", ttft_factor=1.1, canary_requests=400),
+    "15 % slower": Scenario(name="15 % slower", ttft_factor=1.15, canary_requests=400),
+    "bimodal": Scenario(name="bimodal", slow_share=0.1, canary_requests=400),
+    "1 % vs 0.2 % errors": Scenario(name="1 % vs 0.2 % errors", error_rate=0.01, baseline_error_rate=0.002,
+                                    canary_requests=600),
 }
+TARGETS = {"good": "<= 5 %", "good, 1 % errors": "<= 5 %", "slow": ">= 95 %", "errors": ">= 95 %"}
 THRESHOLD_MIN_REQUESTS = 100
 THRESHOLD_P99_RATIO = 1.2
 THRESHOLD_ERROR_EXCESS_PP = 0.5
 
 
-def synthetic(rng: np.random.Generator, n: int, ttft_factor: float, error_rate: float) -> Samples:
+def synthetic(rng: np.random.Generator, n: int, ttft_factor: float, error_rate: float, slow_share: float = 0.0) -> Samples:
     ttft = 0.15 * ttft_factor * rng.lognormal(0.0, 0.5, n)
+    ttft *= np.where(rng.random(n) < slow_share, 5.0, 1.0)
     tpot = 0.02 * rng.lognormal(0.0, 0.3, n)
     e2e = ttft + tpot * rng.integers(32, 257, n)
     ok = rng.random(n) >= error_rate
@@ -79,20 +93,23 @@ class RunResult(BaseModel):
     judge_at: int = Field(description="canary requests when the judge decided (the run's length if it did not)")
     thresholds: str
     thresholds_at: int
+    alpha_spent: float = Field(description="alpha the judge had spent over all metrics by its last look")
 
 
 def run_once(s: Scenario, config: JudgeConfig, rng: np.random.Generator, look_every: int = 10) -> RunResult:
     n = s.canary_requests
     m = int(np.ceil(n * (1 - s.canary_share) / s.canary_share))
-    canary = synthetic(rng, n, s.ttft_factor, s.error_rate)
+    canary = synthetic(rng, n, s.ttft_factor, s.error_rate, s.slow_share)
     baseline = synthetic(rng, m, 1.0, s.baseline_error_rate)
-    judge = SequentialJudge(config)
+    judge = SequentialJudge(config, horizon=n)  # the step's horizon: the canary requests its hold sees
     result: dict = {}
     for seen in range(look_every, n + 1, look_every):
         base_seen = int(seen * (1 - s.canary_share) / s.canary_share)
         c, b = canary.head(seen), baseline.head(base_seen)
         if "judge" not in result:
-            verdict = step_verdict(judge.look(c, b, bounds=False))
+            verdicts = judge.look(c, b, bounds=False)
+            result["alpha_spent"] = sum(v.alpha_spent for v in verdicts)
+            verdict = step_verdict(verdicts)
             if verdict != "inconclusive":
                 result.update(judge=verdict, judge_at=seen)
         if "thresholds" not in result and threshold_gates(c, b) == "fail":
@@ -103,6 +120,7 @@ def run_once(s: Scenario, config: JudgeConfig, rng: np.random.Generator, look_ev
     result.setdefault("judge_at", n)
     result.setdefault("thresholds", "pass")
     result.setdefault("thresholds_at", n)
+    result.setdefault("alpha_spent", 0.0)
     return RunResult(**result)
 
 
@@ -112,6 +130,7 @@ class ScenarioRates(BaseModel):
     judge_fail: float = Field(description="share of runs the judge rolled back (failed)")
     judge_pass: float
     judge_median_at: float = Field(description="median canary requests at the judge's verdict")
+    alpha_spent: float = Field(description="mean alpha the judge had spent by its last look")
     thresholds_fail: float
 
 
@@ -123,6 +142,7 @@ def simulate(s: Scenario, runs: int, seed: int, config: JudgeConfig | None = Non
                          judge_fail=float(np.mean([r.judge == "fail" for r in results])),
                          judge_pass=float(np.mean([r.judge == "pass" for r in results])),
                          judge_median_at=float(np.median([r.judge_at for r in results])),
+                         alpha_spent=float(np.mean([r.alpha_spent for r in results])),
                          thresholds_fail=float(np.mean([r.thresholds == "fail" for r in results])))
 
 
@@ -130,20 +150,26 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=2000)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--share", type=float, nargs="+", default=[0.05, 0.25], help="canary shares of the traffic")
+    ap.add_argument("--share", type=float, nargs="+", default=[0.05, 0.25, 0.5], help="canary shares of the traffic")
+    ap.add_argument("--scenarios", nargs="+", default=list(SCENARIOS), choices=list(SCENARIOS), metavar="NAME")
+    ap.add_argument("--judge", default="{}", help="JudgeConfig fields as JSON over the shipped defaults, e.g. "
+                                                  "'{\"spending\": \"pocock\"}'")
     args = ap.parse_args()
+    config = JudgeConfig.model_validate({**JudgeConfig().model_dump(), **json.loads(args.judge)})
     rows = []
     for share in args.share:
-        for i, s in enumerate(SCENARIOS.values()):
+        for i, name in enumerate(args.scenarios):
+            s = SCENARIOS[name].model_copy(update={"canary_share": share})
             t0 = time.perf_counter()
-            r = simulate(s.model_copy(update={"canary_share": share}), args.runs, args.seed + i)
-            wanted = "<= 5 %" if s.name.startswith("good") else ">= 95 %"
+            r = simulate(s, args.runs, args.seed + i, config)
             rows.append([f"{s.name} @ {share:.0%}", f"{s.canary_requests}", f"{100 * r.judge_fail:.1f} %",
-                         f"{r.judge_median_at:.0f}", f"{100 * r.thresholds_fail:.1f} %", wanted,
-                         f"{time.perf_counter() - t0:.0f}s"])
-    print(f"{args.runs} seeded runs per row; rolled back = the step failed within the canary requests shown")
+                         f"{r.judge_median_at:.0f}", f"{r.alpha_spent:.3f}", f"{100 * r.thresholds_fail:.1f} %",
+                         TARGETS.get(name, "-"), f"{time.perf_counter() - t0:.0f}s"])
+    print(f"{args.runs} seeded runs per row; rolled back = the step failed within the canary requests shown; judge: "
+          f"alpha {config.alpha} ({config.error_alpha_share:g} of it to errors), {config.spending} spending over the step's "
+          "canary requests")
     print_table(["scenario @ canary share", "canary requests", "judge: rolled back", "judge: median requests to verdict",
-                 "threshold gates: rolled back", "wanted", "time"], rows)
+                 "judge: alpha spent", "threshold gates: rolled back", "wanted", "time"], rows)
     return 0
 
 

@@ -272,7 +272,7 @@ def main() -> int:
                 f"{sum(base['answers'][k] == v for k, v in r['answers'].items())}/{len(r['answers'])}"
             later = statistics.median(r["later"])
             rows.append([name, f"{later * 1000:.0f} / {pct(r['later'], 0.99) * 1000:.0f}",
-                         f"{later / statistics.median(base['later']):.2f}x",
+                         f"{later / statistics.median(base['later']):.2f}x" if "none" in results else "-",
                          f"{statistics.median(r['first']) * 1000:.0f} / {pct(r['first'], 0.99) * 1000:.0f}",
                          f"{r['tok_s']:.0f}", f"{100 * r['cached']:.0f} %", f"{100 * r['ceiling']:.0f} %",
                          rate(found, "tideflow_prefix_cache_hit_blocks_total", "tideflow_prefix_cache_queried_blocks_total"),

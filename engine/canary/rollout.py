@@ -10,6 +10,7 @@ Only the two groups' weights are touched; a group leaving traffic is drained bef
 from __future__ import annotations
 
 import logging
+import math
 import time
 from typing import Any, Callable, Literal, Protocol
 
@@ -135,14 +136,18 @@ def hold_step(stable: str, canary: str, index: int, step: CanaryStep, plan: Cana
                        message=f"{canary} {step.percent:g} %, {stable} {100 - step.percent:g} %"))
     start = source.mark()
     samples.start()
-    judge = SequentialJudge(plan.judge, index)
+    judge: SequentialJudge | None = None
     checks = 0
     while True:
         time.sleep(plan.check_interval_s)
         samples.fetch()
         elapsed = time.monotonic() - t0
         baseline, baseline_step = _baseline(samples.by_group.get(stable, []), index, plan, done)
-        verdicts = judge.look(samples.of(canary), Samples.of(baseline))
+        seen = samples.of(canary)
+        if judge is None and len(seen) >= plan.judge.min_samples:  # the rate is known: so is the step's horizon
+            judge = SequentialJudge(plan.judge, index, step_horizon(len(seen), elapsed, step))
+        verdicts = (judge or SequentialJudge(plan.judge, index)).look(seen, Samples.of(baseline))  # too few: nothing
+        # is tested or spent yet
         if baseline_step != index:  # no concurrent baseline (100 %): the canary carries more load than the
             verdicts = [v for v in verdicts if v.metric == "errors"]  # stable did then; only errors compare
         checks += 1
@@ -160,6 +165,14 @@ def hold_step(stable: str, canary: str, index: int, step: CanaryStep, plan: Cana
         report.gate = gates.validate(judge_table([*done, report]))
         report.passed = report.gate.success
         return report
+
+
+def step_horizon(canary_requests: int, elapsed_s: float, step: CanaryStep) -> int:
+    """The canary requests the step's hold is expected to see, from the canary's arrival rate so far: the judge
+    spends the step's alpha over them, so a busy step (a large share) spends it by its end, not over a fixed count
+    it passes in seconds. Arrivals say nothing of how the canary behaves, so fixing the horizon on them keeps the
+    judge's guarantee."""
+    return math.ceil(canary_requests / max(elapsed_s, 1e-3) * step.hold_s)
 
 
 def _baseline(stable: list[Sample], index: int, plan: CanaryPlan, done: list[StepReport]) -> tuple[list[Sample], int]:

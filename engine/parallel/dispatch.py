@@ -103,6 +103,9 @@ class ExpertDispatch:
     def __init__(self, exchange: Exchange, slots_per_rank: int) -> None:
         self.exchange = exchange
         self.slots = slots_per_rank
+        # (token, expert) pairs this rank's experts computed, kept on the device (read back now and then, not per
+        # layer): the rank's own load, which the expert LB exists to even out
+        self.computed = torch.zeros((), dtype=torch.int64, device=exchange.device)
 
     def __call__(self, x: torch.Tensor, weights: torch.Tensor, physical: torch.Tensor, experts: Experts) -> torch.Tensor:
         ex = self.exchange
@@ -120,6 +123,7 @@ class ExpertDispatch:
         rx = from_bytes(inbox[:, :hb], x.dtype)
         rw = from_bytes(inbox[:, hb : hb + 4 * k], torch.float32)
         rid = from_bytes(inbox[:, hb + 4 * k :], torch.int32).long()
+        self.computed += (rid >= 0).sum()
         y = experts.run(rx, rw.to(x.dtype), rid)
         replies = list(as_bytes(y).split(counts[:, ex.rank].tolist()))
         back = ex.exchange(replies, counts.t().contiguous())

@@ -25,6 +25,10 @@ class ExpertLBConfig(BaseModel):
     num_nodes: int = Field(1, gt=0, description="nodes the ranks span, for hierarchical EPLB")
     rebalance_interval_steps: int = Field(1000, gt=0, description="steps between rebalance checks")
     imbalance_threshold: float = Field(1.1, ge=1.0, description="rebalance only when max/mean rank load exceeds this")
+    min_gain: float = Field(0.05, ge=0.0, lt=1.0, description="and only when the new placement would cut the max/mean "
+                                                              "rank load of the same window by this share: moving "
+                                                              "experts costs the steps it stalls, so a plan no better "
+                                                              "than the current one is not applied")
 
 
 class ExpertLB:
@@ -58,4 +62,7 @@ class ExpertLB:
         if float(load.sum()) == 0 or imbalance(self.placement, load) <= self.config.imbalance_threshold:
             return None
         c = self.config
-        return rebalance_experts(load, self.placement.num_ranks, c.num_redundant, c.num_groups, c.num_nodes)
+        planned = rebalance_experts(load, self.placement.num_ranks, c.num_redundant, c.num_groups, c.num_nodes)
+        if imbalance(planned, load) > (1.0 - c.min_gain) * imbalance(self.placement, load):
+            return None
+        return planned

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 
 import torch
 
@@ -31,6 +32,7 @@ from engine.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 
+COUNT_EVERY_STEPS = 16
 
 
 class DEPRunner:
@@ -45,6 +47,13 @@ class DEPRunner:
         self.rebalances = metrics.factory.counter("expert_rebalances_total", "live expert rebalances this rank applied")
         self.rebalance_failures = metrics.factory.counter(
             "expert_rebalance_failures_total", "expert rebalances refused or failed (the old placement kept)")
+        self.rebalance_seconds = metrics.factory.histogram(
+            "expert_rebalance_seconds", "one live rebalance check that moved experts: the load summed over the ranks, "
+                                        "the plan, and the move (every rank stalls for it)")
+        self.computed = metrics.factory.counter(
+            "expert_computed_pairs_total", "(token, expert) pairs this rank's experts computed, the rank's load; "
+                                           "updated every few steps")
+        self._counted = 0
         self._last_check = 0
 
     @property
@@ -74,12 +83,18 @@ class DEPRunner:
         try:
             logits = self.rank.step(seqs)
             steps = self.rank.steps
+            if steps % COUNT_EVERY_STEPS == 0:  # one read back of the device counter, not one a step
+                computed = int(self.rank.dispatch.computed)
+                self.computed.inc(computed - self._counted)
+                self._counted = computed
             if steps != self._last_check and self.rank.lb.due(steps):
                 self._last_check = steps
-                failed = self.rank.failed_moves
+                failed, t0 = self.rank.failed_moves, time.perf_counter()
                 if self.rank.rebalance() is not None:
+                    took = time.perf_counter() - t0
                     self.rebalances.inc()
-                    log.info("DEP rank %d: experts rebalanced at step %d", self.rank.rank, steps)
+                    self.rebalance_seconds.observe(took)
+                    log.info("DEP rank %d: experts rebalanced at step %d in %.2f s", self.rank.rank, steps, took)
                 self.rebalance_failures.inc(self.rank.failed_moves - failed)
             return logits
         except Exception:

@@ -9,10 +9,10 @@ import math
 import time
 
 
-from engine.canary import CanaryPlan, DirectSource, PrometheusSource
+from engine.canary import CanaryPlan, CanaryStep, DirectSource, PrometheusSource
 from engine.canary.gates import GateSuite
 from engine.canary.judge import JudgeConfig
-from engine.canary.rollout import conclude, hold_step, shift_weights
+from engine.canary.rollout import conclude, hold_step, shift_weights, step_horizon
 from engine.canary.samples import RouterSamples
 from engine.server.faults import INJECTED_CODE
 from engine.group.manager import GroupState
@@ -171,3 +171,8 @@ def test_a_healthy_canary_passes_and_is_promoted(fleet, load):
     assert len(report.table()) == 5 and report.steps[0].gate.validation["success"] is True
     assert_nothing_lost(traffic)
     assert traffic.error == 0
+
+
+def test_a_step_s_horizon_is_its_hold_at_the_canary_s_arrival_rate():
+    assert step_horizon(30, 3.0, CanaryStep(percent=5, hold_s=60)) == 600
+    assert step_horizon(20, 0.0, CanaryStep(percent=50, hold_s=1)) >= 20  # a burst at once: bounded, not a division by 0

@@ -141,6 +141,7 @@ def test_dep2_with_replicas_serves_the_tokens_of_one_process_through_live_rebala
         moved = [sample_sum(s, "tideflow_expert_rebalances_total") for s in scraped]
         assert moved[0] >= 1 and moved[0] == moved[1], moved
         assert [sample_sum(s, "tideflow_expert_rebalance_failures_total") for s in scraped] == [0, 0]
+        assert all(sample_sum(s, "tideflow_expert_computed_pairs_total") > 0 for s in scraped)  # each rank's load
     finally:
         group.drain_and_stop(5)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.parallel.eplb import Placement, rebalance_experts
+from engine.parallel.eplb import Placement, imbalance, rebalance_experts
 from engine.parallel.expert_lb import ExpertLB, ExpertLBConfig
 
 
@@ -51,3 +51,15 @@ def test_plan_only_when_imbalanced():
     plan = lb.plan(torch.tensor([[50.0, 1, 1, 1, 1, 1, 1, 1]]))
     assert plan is not None and plan.num_physical == 10 and plan.phy2log[0].count(0) > 1
     assert not lb.due(0) and not lb.due(5) and lb.due(10)
+
+
+def test_a_plan_no_better_than_the_current_placement_is_not_applied():
+    """Past the threshold, a move is worth its stall only when the plan cuts the imbalance of the same load by
+    min_gain: the placement the LB already moved to for this load is not moved to again."""
+    skewed = torch.tensor([[100.0, 1, 1, 1, 1, 1, 1, 1]])  # one expert hotter than 2 replicas can even out
+    lb = ExpertLB(Placement.contiguous(1, 8, 2), ExpertLBConfig(num_redundant=2, imbalance_threshold=1.0))
+    first = lb.plan(skewed)
+    assert first is not None and imbalance(first, skewed) < imbalance(lb.placement, skewed)
+    lb.set_placement(first)
+    assert imbalance(first, skewed) > 1.0  # still over the threshold, so only the gain rule holds it back
+    assert lb.plan(skewed) is None  # the same load again: nothing better to move to
