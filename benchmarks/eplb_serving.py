@@ -180,7 +180,7 @@ def measure(model_dir: Path, config: str, args, log_dir: Path) -> list[str]:
     try:
         before = [counters(u) for u in urls]
         served = asyncio.run(load(urls, args))
-        time.sleep(1.0)  # the ranks' idle steps flush their computed-pairs counters
+        time.sleep(1.0)  # the last scrape after the answers (the pairs counter lags each rank by < 16 steps)
         after = [counters(u) for u in urls]
     finally:
         for child in children:

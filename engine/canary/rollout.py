@@ -137,6 +137,7 @@ def hold_step(stable: str, canary: str, index: int, step: CanaryStep, plan: Cana
     start = source.mark()
     samples.start()
     judge: SequentialJudge | None = None
+    unsized = SequentialJudge(plan.judge, index)  # until the canary has min_samples: tests and spends nothing
     checks = 0
     while True:
         time.sleep(plan.check_interval_s)
@@ -146,8 +147,7 @@ def hold_step(stable: str, canary: str, index: int, step: CanaryStep, plan: Cana
         seen = samples.of(canary)
         if judge is None and len(seen) >= plan.judge.min_samples:  # the rate is known: so is the step's horizon
             judge = SequentialJudge(plan.judge, index, step_horizon(len(seen), elapsed, step))
-        verdicts = (judge or SequentialJudge(plan.judge, index)).look(seen, Samples.of(baseline))  # too few: nothing
-        # is tested or spent yet
+        verdicts = (judge or unsized).look(seen, Samples.of(baseline))
         if baseline_step != index:  # no concurrent baseline (100 %): the canary carries more load than the
             verdicts = [v for v in verdicts if v.metric == "errors"]  # stable did then; only errors compare
         checks += 1

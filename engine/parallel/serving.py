@@ -53,7 +53,7 @@ class DEPRunner:
         self.computed = metrics.factory.counter(
             "expert_computed_pairs_total", "(token, expert) pairs this rank's experts computed, the rank's load; "
                                            "updated every few steps")
-        self._counted = 0
+        self._counted = self._counted_at = 0
         self._last_check = 0
 
     @property
@@ -83,10 +83,10 @@ class DEPRunner:
         try:
             logits = self.rank.step(seqs)
             steps = self.rank.steps
-            if steps % COUNT_EVERY_STEPS == 0:  # one read back of the device counter, not one a step
-                computed = int(self.rank.dispatch.computed)
+            if steps - self._counted_at >= COUNT_EVERY_STEPS:  # one read back of the device counter, not one a
+                computed = int(self.rank.dispatch.computed)      # step (nor one per idle poll between steps)
                 self.computed.inc(computed - self._counted)
-                self._counted = computed
+                self._counted, self._counted_at = computed, steps
             if steps != self._last_check and self.rank.lb.due(steps):
                 self._last_check = steps
                 failed, t0 = self.rank.failed_moves, time.perf_counter()
