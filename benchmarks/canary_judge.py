@@ -14,7 +14,10 @@ judge spends its whole alpha by then. Latencies are log-normal (TTFT median 150 
 and, reported without a target: at the margin (TTFT x 1.1, what the margin allows), 15 % slower (TTFT x 1.15
 within 400), bimodal (10 % of canary requests 5x slower TTFT, within 400) and 1 % errors against 0.2 % (within
 600). Per row: rolled back, the median canary requests to a verdict, and the alpha the judge had spent by its
-last look (all metrics; the whole 0.05 when a run reached the step's end undecided).
+last look (all metrics; the whole 0.05 when a run reached the step's end undecided). For the error scenarios,
+"error tests: best / Fisher" is the power of the randomized one-sided Fisher test on the step's whole sample with
+all of alpha, which no unbiased test of the step's counts passes, and of the same test without its coin
+(error_power): a target above "best" cannot be met from the step's own counts.
 The threshold gates are those of the suite shipped before the judge (deployments/expectations/canary.json at
 the time): once the canary has `min_requests` (100) requests, fail at any check where TTFT or TPOT p99 exceeds
 1.2x the baseline's or the error rate exceeds the baseline's by 0.5 percentage points (exact p99s, kinder to
@@ -31,6 +34,7 @@ from pathlib import Path
 
 import numpy as np
 from pydantic import BaseModel, Field
+from scipy import stats
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import print_table  # noqa: E402
@@ -86,6 +90,36 @@ def threshold_gates(canary: Samples, baseline: Samples) -> str:
         if len(c) and len(b) and np.percentile(c, 99) > THRESHOLD_P99_RATIO * np.percentile(b, 99):
             return "fail"
     return "pass"
+
+
+class ErrorPower(BaseModel):
+    best: float = Field(description="the randomized one-sided Fisher test: no unbiased test of these counts passes it")
+    fisher: float = Field(description="the same test without its coin: reject only when the exact p-value <= alpha")
+
+
+def error_power(s: Scenario, alpha: float) -> ErrorPower | None:
+    """The power of tests of the step's error counts taken once on its whole sample with all of alpha (none kept
+    for latency, none spent on earlier looks), exact over both sides' binomial counts. A sequential judge that
+    spends alpha on looks and latency sits below `best`; None for latency scenarios."""
+    if s.error_rate <= s.baseline_error_rate:
+        return None
+    n = s.canary_requests
+    m = int(np.ceil(n * (1 - s.canary_share) / s.canary_share))
+    largest = int(stats.binom.isf(1e-12, n, s.error_rate) + stats.binom.isf(1e-12, m, s.baseline_error_rate)) + 1
+    best = fisher = 0.0
+    for k in range(min(largest, n + m) + 1):
+        null = stats.hypergeom(n + m, k, n)  # canary errors among k errors when both sides share one rate
+        at_least = null.sf(np.arange(k + 2) - 1)  # P(X >= x), x = 0..k+1
+        plain = np.where(at_least[: k + 1] <= alpha, 1.0, 0.0)
+        coin = plain.copy()
+        edge = int(np.argmax(at_least <= alpha))  # the smallest x rejected outright (k+1 when none)
+        if edge > 0:  # at the last count not rejected, reject with the chance that makes the size exactly alpha
+            coin[edge - 1] = (alpha - at_least[edge]) / null.pmf(edge - 1)
+        x = np.arange(k + 1)
+        joint = stats.binom.pmf(x, n, s.error_rate) * stats.binom.pmf(k - x, m, s.baseline_error_rate)
+        best += float(np.sum(joint * coin))
+        fisher += float(np.sum(joint * plain))
+    return ErrorPower(best=best, fisher=fisher)
 
 
 class RunResult(BaseModel):
@@ -162,14 +196,18 @@ def main() -> int:
             s = SCENARIOS[name].model_copy(update={"canary_share": share})
             t0 = time.perf_counter()
             r = simulate(s, args.runs, args.seed + i, config)
+            power = error_power(s, config.alpha)
             rows.append([f"{s.name} @ {share:.0%}", f"{s.canary_requests}", f"{100 * r.judge_fail:.1f} %",
                          f"{r.judge_median_at:.0f}", f"{r.alpha_spent:.3f}", f"{100 * r.thresholds_fail:.1f} %",
-                         TARGETS.get(name, "-"), f"{time.perf_counter() - t0:.0f}s"])
+                         "-" if power is None else f"{100 * power.best:.1f} / {100 * power.fisher:.1f} %",
+                         TARGETS.get(name, "-"),
+                         f"{time.perf_counter() - t0:.0f}s"])
     print(f"{args.runs} seeded runs per row; rolled back = the step failed within the canary requests shown; judge: "
           f"alpha {config.alpha} ({config.error_alpha_share:g} of it to errors), {config.spending} spending over the step's "
           "canary requests")
     print_table(["scenario @ canary share", "canary requests", "judge: rolled back", "judge: median requests to verdict",
-                 "judge: alpha spent", "threshold gates: rolled back", "wanted", "time"], rows)
+                 "judge: alpha spent", "threshold gates: rolled back", "error tests: best / Fisher", "wanted", "time"],
+                rows)
     return 0
 
 

@@ -37,13 +37,14 @@ import numpy as np
 import openai
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import print_table  # noqa: E402
+from common import host, print_table  # noqa: E402
 
 from engine.default_model import DEFAULT_CONFIG, write_default_model  # noqa: E402
 from engine.drills.load import run_load_drill  # noqa: E402
 from engine.drills.spec import LoadDrillSpec  # noqa: E402
 from engine.drills.workload import PromptSynthesizer  # noqa: E402
 from engine.process import Child, free_port, tideflow_argv, wait_http_ok  # noqa: E402
+from tideflow_kernels import isa  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 VENV = REPO / ".venv-vllm"
@@ -92,6 +93,9 @@ def start_vllm(model_dir: Path, dtype: str, log_dir: Path, kind: str = "vllm") -
     env = {"VLLM_CPU_OMP_THREADS_BIND": f"0-{os.cpu_count() - 1}", "VLLM_CPU_KVCACHE_SPACE": "1",
            "LD_PRELOAD": ":".join([p for p in (TCMALLOC,) if Path(p).exists()] + iomp[:1]),
            "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}
+    if isa.amx_off():  # --no-amx: oneDNN and MKL capped as for ours, and vLLM's own kernels told there is no AMX
+        env.update(isa.LIBRARY_CAPS)
+        env["PYTHONPATH"] = str(_no_amx_site(log_dir))
     argv = [str(VENV / "bin" / "python"), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
             "--served-model-name", "default", "--dtype", dtype, "--host", "127.0.0.1", "--port", str(port),
             "--api-key", KEY, "--max-num-seqs", "64", "--max-model-len", "2048"]
@@ -100,6 +104,17 @@ def start_vllm(model_dir: Path, dtype: str, log_dir: Path, kind: str = "vllm") -
     if not wait_http_ok(url + "/health", 900, child):
         raise SystemExit(f"vLLM did not start: {child.log_tail()}")
     return child, url
+
+
+def _no_amx_site(log_dir: Path) -> Path:
+    """A sitecustomize for vLLM's processes (its engine core is spawned): torch's AMX probe answers False, so
+    vLLM's CPU attention, MoE and linear layers take the paths they take on a host without AMX."""
+    site = log_dir / "no-amx-site"
+    site.mkdir(exist_ok=True)
+    (site / "sitecustomize.py").write_text("import torch\n"
+                                           "torch.cpu._is_amx_tile_supported = lambda: False\n"
+                                           "torch._C._cpu._is_amx_tile_supported = lambda: False\n")
+    return site
 
 
 def prompts(model_dir: Path, first: int, n: int, tokens: int) -> list[str]:
@@ -200,11 +215,16 @@ def main() -> int:
     ap.add_argument("--poisson-requests", type=int, default=20)
     ap.add_argument("--compare", type=int, default=8, help="greedy prompts whose answers are compared")
     ap.add_argument("--repeats", type=int, default=3, help="runs of the stream workloads; their median is reported")
+    ap.add_argument("--no-amx", action="store_true",
+                    help=f"on an AMX host, compute as a host without AMX: ${isa.NO_AMX_ENV}=1 for ours, oneDNN and "
+                         "MKL capped at AVX-512 for both, and vLLM's AMX probe answering False")
     ap.add_argument("--servers", nargs="+", choices=[*TIDEFLOW_FLAGS, "vllm"], default=["tideflow", "vllm"],
                     help="which servers to measure; ratios need vllm and a tideflow one")
     args = ap.parse_args()
     if args.setup:
         return setup()
+    if args.no_amx:
+        os.environ[isa.NO_AMX_ENV] = "1"  # our children inherit it
     if "vllm" in args.servers and not (VENV / "bin" / "python").exists():
         print("no .venv-vllm: run `python benchmarks/peer_vllm.py --setup` first", file=sys.stderr)
         return 2
@@ -233,7 +253,7 @@ def main() -> int:
             row += [theirs, *mine]
             row += [f"{(m / theirs if higher_better else theirs / m):.2f}x" if m and theirs else "nan" for m in mine]
         rows.append(row)
-    print(f"\ndefault model, {os.cpu_count()} cores; ratio = how many times vLLM's figure ours is (>1: tideflow ahead)")
+    print(f"\n{host()}{', AMX switched off (--no-amx)' if args.no_amx else ''}; default model; ratio = how many times vLLM's figure ours is (>1: tideflow ahead)")
     print_table(headers, rows)
     for dtype in args.dtypes:
         b = results[("vllm", dtype)]["texts"]

@@ -13,6 +13,7 @@ import logging
 import sys
 
 from engine.errors import TideflowError
+from tideflow_kernels import isa
 
 # Modules exposing add_commands(subparsers), imported in this order.
 ENGINE_COMMANDS = ("engine.cli", "engine.serve_cli", "engine.router.cli", "engine.control.cli", "engine.control.group_cli",
@@ -34,6 +35,7 @@ def main(argv: list[str] | None = None, modules: tuple[str, ...] = ENGINE_COMMAN
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
+        isa.cap_libraries()  # $TIDEFLOW_NO_AMX: before this process's first matmul; its children inherit it
         return int(args.func(args) or 0)
     except (TideflowError, ValueError, OSError) as exc:  # bad input or a refused call: one line, no traceback
         print(f"tideflow: error: {one_line(exc)}", file=sys.stderr)

@@ -57,6 +57,8 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
 
     s = subparsers.add_parser("status", help="the fleet as the controller sees it")
     s.add_argument("--json", action="store_true", help="machine-readable")
+    s.add_argument("--events", type=int, default=5, metavar="N",
+                   help="the controller's last N events after the groups (0: none; `--json` leaves them out)")
     s.set_defaults(func=_status)
 
     d = subparsers.add_parser("down", help="stop every group, the router and the controller")
@@ -182,8 +184,11 @@ def _router_replica(args: argparse.Namespace) -> int:
 def _status(args: argparse.Namespace) -> int:
     from engine.control.client import ControlClient
 
+    if not 0 <= args.events <= 10000:
+        raise ValueError(f"--events {args.events}: 0 to 10000")
     with ControlClient.connect() as client:
         status = client.status()
+        events = client.events(args.events) if args.events and not args.json else []
     if args.json:
         print(status.model_dump_json(indent=2))
         return 0
@@ -203,8 +208,16 @@ def _status(args: argparse.Namespace) -> int:
         for c in g.conditions:
             if not c.healthy:
                 print(f"    {c.type}={c.status} {c.reason} since {c.last_transition_time}: {c.message}")
+        if g.expert_moves is not None:
+            moves = g.expert_moves
+            print(f"    experts moved live: {moves.applied} rebalances applied ({moves.stall_s:.2f} s of stalled steps), "
+                  f"{moves.refused} refused")
         for m in g.members:
             print(f"    {m.role:9} {m.instance}/{m.rank}  {m.phase:8} pid {m.pid}  {m.endpoint}")
+    if events:
+        print("events:")
+    for e in events:
+        print(f"  {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(e.at))}  {e.kind:11} {e.message}")
     return 0
 
 

@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 
 from engine.control.conditions import ConditionBook, observe
+from engine.control.expert_moves import MovesReporter, RunningGroup
 from engine.control.metrics import CanaryGauge, ControllerMetrics, FleetSnapshot
 from engine.control.models import (ApplyGroup, AutoscalerBody, AutoscalerView, CanaryRecord, FleetStatus, GroupView,
                                    DesiredView, Killed, KillMember, Lease, LeaseRequest, MemberView, ScalePool,
@@ -84,6 +85,8 @@ class Controller:
         self._thread = threading.Thread(target=self._loop, name="reconcile", daemon=True)
         self._adopted: list[str] = []  # groups taken over at start: routes are published once they settle
         self.metrics = ControllerMetrics(self._snapshot)
+        self.expert_moves = MovesReporter(self._running_groups, self._member_key, self.store.event,
+                                          config.expert_watch_s)
 
     @property
     def router_url(self) -> str:
@@ -99,6 +102,7 @@ class Controller:
             self.start_autoscaler(AutoscalerBody.model_validate_json(body), record=False)
             self.store.event("autoscaler", f"resumed over pool {name}")
         self._thread.start()
+        self.expert_moves.start()
         return self
 
     def _publish_when_settled(self, timeout_s: float) -> None:
@@ -548,7 +552,7 @@ class Controller:
                          members=members, spec=g.spec,
                          desired=DesiredView(weight=want.weight, standby=want.standby) if want is not None else None,
                          decision=self.store.decisions().get(name) if want is not None else None,
-                         conditions=self.conditions.of(name))
+                         conditions=self.conditions.of(name), expert_moves=self.expert_moves.watch.totals.get(name))
 
     def status(self) -> FleetStatus:
         with self._lock:
@@ -610,6 +614,11 @@ class Controller:
             canary=None if canary is None or canary.decision is not None else
             CanaryGauge(stable=canary.stable, canary=canary.canary, step=canary.step, percent=canary.percent))
 
+    def _running_groups(self) -> list[RunningGroup]:
+        """Each group with a build now: what the expert move reports read."""
+        groups = list(self.manager.groups.values()) if self.manager is not None else []
+        return [(g.spec, g.status.handle.id, list(g.status.members)) for g in groups if g.status.handle is not None]
+
     def member_metrics(self) -> list[str]:
         """Prometheus expositions of every routed member (the canary's direct source reads them)."""
         with bearer_client(self._member_key) as c:
@@ -620,6 +629,7 @@ class Controller:
         """Stop reconciling. `stop_fleet`: also stop every group and the router and forget desired state
         (`tideflow down`); otherwise they keep serving for the next controller to adopt."""
         self._stop.set()
+        self.expert_moves.stop()
         self.routes.close()
         if self._thread.is_alive():
             self._thread.join(timeout=30)

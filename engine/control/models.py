@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from engine.control.conditions import Condition
+from engine.control.expert_moves import ExpertMoves
 from engine.control.store import GroupDecision
 from engine.group.manager import GroupState
 from engine.group.spec import InferenceGroup, Role
@@ -94,6 +95,8 @@ class GroupView(BaseModel):
     decision: GroupDecision | None = Field(None, description="the controller's own decision over what the user asked "
                                                              "(a warm replacement), until a user verb supersedes it")
     conditions: list[Condition] = Field(default_factory=list, description="Available, Progressing, Failed, Converged")
+    expert_moves: ExpertMoves | None = Field(None, description="live expert moves of its current build's DEP instances "
+                                                               "with replica slots, as last read; None for others")
 
     @property
     def serving(self) -> bool:

@@ -46,6 +46,9 @@ class ControllerConfig(BaseModel):
     reconcile_s: float = Field(0.5, gt=0, description="seconds between two reconcile passes")
     adopt_wait_s: float = Field(30.0, ge=0, description="at start, how long adopted groups may take to show Ready "
                                                          "before routers get the route set")
+    expert_watch_s: float = Field(5.0, ge=0, description="seconds between reads of the expert move counters of DEP "
+                                                         "groups with replica slots, each rise an `expert_lb` event "
+                                                         "(0: not read)")
     policy: SupervisionPolicy = Field(default_factory=SupervisionPolicy, description="how groups are supervised and rebuilt")
     capacity_check: CapacityCheck = Field(default_factory=CapacityCheck,
                                           description="local: refuse a group that would not fit this host's memory")

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from tideflow_kernels import isa
 from tideflow_kernels.errors import CompileError
 
 SOURCE_DIR = Path(__file__).resolve().parent.parent / "csrc" / "cpu"
@@ -25,7 +26,7 @@ _load_lock = threading.Lock()  # two threads loading one namespace would registe
 
 def flags(arch: str, opt_level: int) -> list[str]:
     march = [] if arch == "cpu" else [f"-march={arch}"]
-    return [f"-O{opt_level}", "-fopenmp", *march]
+    return [f"-O{opt_level}", "-fopenmp", *march, *isa.cflags(arch)]
 
 
 def compiler_version() -> str:
