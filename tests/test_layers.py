@@ -25,6 +25,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("engine.serve_cli", "engine.default_model", "engine.router"),  # starting a member; the gateway
     ("engine.group", "engine.canary", "engine.cli"),  # groups of members; canary verbs
     ("engine.scaling",),  # warm pool and autoscaler over groups
+    ("engine.capacity",),  # capacity planning: role profiles (a plan will write the autoscaler's floors)
     ("engine.control",),  # the controller that owns the fleet
     ("engine.drills",),  # load and fault drills against a running fleet
     ("engine.main", "tasks"),  # the engine's commands; Prefect tasks

@@ -1,0 +1,1 @@
+"""Capacity planning from measurements: what one role shape does (profile)."""
