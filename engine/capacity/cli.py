@@ -25,6 +25,25 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
                    help="where the JSON goes (default: $TIDEFLOW_HOME/profiles/<model dir>-<dtype>-<device>.json)")
     p.set_defaults(func=_profile)
 
+    q = subparsers.add_parser("plan", help="members per hour for TTFT/ITL targets from role profiles and a forecast")
+    q.add_argument("--profile", type=Path, required=True, help="a `tideflow profile` JSON (prefill, and decode unless "
+                                                               "--decode-profile)")
+    q.add_argument("--decode-profile", type=Path, default=None, help="the decode role's profile, when its shape differs")
+    q.add_argument("--ttft-ms", type=float, required=True, help="TTFT p90 target")
+    q.add_argument("--itl-ms", type=float, required=True, help="inter-token latency p90 target")
+    q.add_argument("--input-tokens", type=int, required=True, help="prompt tokens of a typical request")
+    q.add_argument("--output-tokens", type=int, required=True, help="tokens generated for a typical request")
+    q.add_argument("--forecast", default="tidal", metavar="tidal|FILE.csv",
+                   help="`hour,rps` rows for hours 0-23, or the built-in tidal day (--night-rps, --peak-rps)")
+    q.add_argument("--night-rps", type=float, default=0.5)
+    q.add_argument("--peak-rps", type=float, default=6.0)
+    q.add_argument("--timezone", default="UTC", help="the zone of the forecast's hours")
+    q.add_argument("--headroom", type=float, default=0.15, help="provision this much over the forecast (0.15: 15 %%)")
+    q.add_argument("--cold-start-s", type=float, default=120.0, help="a member's start to Ready: how early ramps start")
+    q.add_argument("--member-memory-bytes", type=int, default=None, help="memory a member may hold (weights + KV)")
+    q.add_argument("--out", type=Path, default=None, help="also write the plan as JSON here")
+    q.set_defaults(func=_plan)
+
 
 def _profile(args: argparse.Namespace) -> int:
     from engine.capacity.profile import ProfileSpec, as_markdown, profile_role, save_profile
@@ -37,4 +56,29 @@ def _profile(args: argparse.Namespace) -> int:
     out = save_profile(result, args.out)
     print(as_markdown(result))
     print(f"written: {out}")
+    return 0
+
+
+def _plan(args: argparse.Namespace) -> int:
+    from engine.capacity.forecast import TidalShape, from_csv
+    from engine.capacity.plan import SLO, PlanSpec, as_table, plan
+    from engine.capacity.profile import RoleProfile
+    from tideflow_kernels.atomic_file import atomic_write_text
+
+    def read(path: Path) -> RoleProfile:
+        try:
+            return RoleProfile.model_validate_json(path.read_text())
+        except OSError as exc:
+            raise ValueError(f"profile {path}: cannot be read ({exc.strerror})") from None
+
+    spec = PlanSpec(slo=SLO(ttft_p90_s=args.ttft_ms / 1000, itl_p90_s=args.itl_ms / 1000),
+                    input_tokens=args.input_tokens, output_tokens=args.output_tokens, headroom=args.headroom,
+                    cold_start_s=args.cold_start_s, member_memory_bytes=args.member_memory_bytes)
+    forecast = (TidalShape(night_rps=args.night_rps, peak_rps=args.peak_rps).forecast(args.timezone)
+                if args.forecast == "tidal" else from_csv(Path(args.forecast), args.timezone))
+    result = plan(spec, forecast, read(args.profile), read(args.decode_profile) if args.decode_profile else None)
+    print(as_table(result))
+    if args.out:
+        atomic_write_text(args.out, result.model_dump_json(indent=2))
+        print(f"written: {args.out}")
     return 0

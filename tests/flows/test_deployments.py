@@ -32,7 +32,7 @@ def test_every_flow_has_a_deployment_whose_entrypoint_imports():
     configs = {c.name: c for c in deployment_entries(PREFECT_YAML)}
     assert set(configs) == {"build-kernels", "publish-weights", "deploy-group", "canary-release", "load-drill-nightly",
                             "fault-drill-nightly", "tidal-scale-up", "tidal-scale-down", "autoscaler", "fleet-status",
-                            "kv-gc", "release", "profile-model"}
+                            "kv-gc", "release", "profile-model", "capacity-plan"}
     for config in configs.values():
         flow = load_flow_from_entrypoint(str(ENTRYPOINT_ROOT / config.entrypoint), use_placeholder_flow=False)
         assert flow.name == config.entrypoint.rsplit(":", 1)[1]

@@ -139,3 +139,29 @@ def test_kv_gc_deletes_exactly_the_expired_blocks_from_a_deployment_run(served, 
         os.utime(path, (then, then))
     out = run_deployment(served, "kv_gc/kv-gc", {"extra_stores": {store.as_uri() + "/": 86400}})
     assert kept.exists() and weights.exists() and not expired.exists(), out[-2000:]
+
+
+def test_a_capacity_plan_applied_from_a_deployment_run_is_the_autoscalers_schedule(served, controller, tmp_path):
+    """capacity-plan with apply, run by the served deployment: the controller's autoscaler over the template's pool
+    takes the plan's hourly groups as its schedule and floors (stopped again after: it would keep scaling)."""
+    from engine.capacity.apply import policy_from_plan
+    from engine.capacity.forecast import from_csv
+    from engine.capacity.plan import plan
+    from tests.engine.capacity.shapes import SPEC, shape
+
+    profile, forecast = tmp_path / "shape.json", tmp_path / "day.csv"
+    profile.write_text(shape().model_dump_json())
+    forecast.write_text("\n".join(f"{h},{1 if h < 12 else 2}" for h in range(24)))  # one group all day: nothing starts
+    params = {"profile": str(profile), "plan": SPEC.model_dump(mode="json"), "forecast_csv": str(forecast),
+              "timezone": "Europe/Paris", "apply": True, "spec_file": str(TEMPLATE)}
+    run_deployment(served, "capacity_plan/capacity-plan", params)
+    pool = InferenceGroup.from_yaml(TEMPLATE)
+    try:
+        view = controller.autoscaler(pool.name)
+        # the plan is deterministic: the same inputs here give the policy the run must have applied
+        expected = policy_from_plan(plan(SPEC, from_csv(forecast, "Europe/Paris"), shape()), pool)
+        assert view.policy.schedule == expected.schedule and view.policy.schedule.timezone == "Europe/Paris"
+        assert view.policy.bounds == expected.bounds and view.policy.warm_pool == expected.warm_pool
+        assert [(e.groups, e.floor) for e in view.policy.schedule.entries] == [(1, 1)]
+    finally:
+        controller.stop_autoscaler(pool.name)
