@@ -11,9 +11,9 @@ from __future__ import annotations
 import csv
 import math
 from pathlib import Path
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
-
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from engine.scaling.policy import iana_zone
 
 
 class Forecast(BaseModel):
@@ -37,14 +37,7 @@ class Forecast(BaseModel):
             raise ValueError("every hour's rate is 0: nothing to plan for")
         return rates
 
-    @field_validator("timezone")
-    @classmethod
-    def _zone(cls, zone: str) -> str:
-        try:
-            ZoneInfo(zone)
-        except (ZoneInfoNotFoundError, ValueError):
-            raise ValueError(f"time zone {zone!r} is not an IANA zone name (e.g. UTC, Asia/Shanghai)") from None
-        return zone
+    _zone = field_validator("timezone")(lambda zone: iana_zone(zone))
 
 
 class TidalShape(BaseModel):

@@ -15,6 +15,15 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
+def iana_zone(value: str) -> str:
+    """A time zone name ZoneInfo knows, else a clear error (a schedule or a forecast in no zone is meaningless)."""
+    try:
+        ZoneInfo(value)
+    except (ZoneInfoNotFoundError, ValueError):
+        raise ValueError(f"{value!r} is not an IANA timezone (e.g. 'UTC', 'America/New_York')") from None
+    return value
+
+
 class Bounds(BaseModel):
     """How few and how many serving groups the set may have."""
 
@@ -48,14 +57,7 @@ class Schedule(BaseModel):
     timezone: str = Field("UTC", description="IANA zone the entries' times are in, e.g. 'Europe/Paris'")
     entries: list[ScheduleEntry] = Field(min_length=1, description="entries; sorted by time on load")
 
-    @field_validator("timezone")
-    @classmethod
-    def _zone(cls, value: str) -> str:
-        try:
-            ZoneInfo(value)
-        except (ZoneInfoNotFoundError, ValueError):
-            raise ValueError(f"{value!r} is not an IANA timezone (e.g. 'UTC', 'America/New_York')") from None
-        return value
+    _zone = field_validator("timezone")(lambda value: iana_zone(value))
 
     @field_validator("entries")
     @classmethod

@@ -77,7 +77,7 @@ def test_a_bad_forecast_is_refused_naming_what_is_wrong(tmp_path, rows, error):
 
 
 def test_a_zone_that_does_not_exist_and_an_all_zero_day_are_refused(tmp_path):
-    with pytest.raises(ValueError, match="'Mars/Olympus' is not an IANA zone name"):
+    with pytest.raises(ValueError, match="'Mars/Olympus' is not an IANA timezone"):
         Forecast(hourly_rps=[1.0] * 24, timezone="Mars/Olympus")
     with pytest.raises(ValueError, match="nothing to plan for"):
         Forecast(hourly_rps=[0.0] * 24)
