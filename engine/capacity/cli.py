@@ -41,6 +41,9 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
     q.add_argument("--headroom", type=float, default=0.15, help="provision this much over the forecast (0.15: 15 %%)")
     q.add_argument("--cold-start-s", type=float, default=120.0, help="a member's start to Ready: how early ramps start")
     q.add_argument("--member-memory-bytes", type=int, default=None, help="memory a member may hold (weights + KV)")
+    q.add_argument("--ttft-correction", type=float, default=1.0,
+                   help="measured / predicted TTFT of a served member (benchmarks/plan_check.py prints it)")
+    q.add_argument("--itl-correction", type=float, default=1.0, help="measured / predicted ITL of a served member")
     q.add_argument("--out", type=Path, default=None, help="also write the plan as JSON here")
     q.set_defaults(func=_plan)
 
@@ -73,7 +76,8 @@ def _plan(args: argparse.Namespace) -> int:
 
     spec = PlanSpec(slo=SLO(ttft_p90_s=args.ttft_ms / 1000, itl_p90_s=args.itl_ms / 1000),
                     input_tokens=args.input_tokens, output_tokens=args.output_tokens, headroom=args.headroom,
-                    cold_start_s=args.cold_start_s, member_memory_bytes=args.member_memory_bytes)
+                    cold_start_s=args.cold_start_s, member_memory_bytes=args.member_memory_bytes,
+                    ttft_correction=args.ttft_correction, itl_correction=args.itl_correction)
     forecast = (TidalShape(night_rps=args.night_rps, peak_rps=args.peak_rps).forecast(args.timezone)
                 if args.forecast == "tidal" else from_csv(Path(args.forecast), args.timezone))
     result = plan(spec, forecast, read(args.profile), read(args.decode_profile) if args.decode_profile else None)

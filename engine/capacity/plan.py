@@ -47,6 +47,13 @@ class PlanSpec(BaseModel):
     member_memory_bytes: int | None = Field(None, gt=0, description="memory one member may hold: its weights and "
                                                                     "KV budget must fit (None: not checked)")
     max_members: int = Field(512, ge=1, description="a role needing more than this for an hour is refused")
+    ttft_correction: float = Field(1.0, gt=0, le=10, description="measured / predicted TTFT of a served member at a "
+                                                                 "low load (benchmarks/plan_check.py): a prompt's own "
+                                                                 "time is taken as this much longer than profiled (the "
+                                                                 "HTTP path, decode steps in between), its member's "
+                                                                 "prompt rate as profiled")
+    itl_correction: float = Field(1.0, gt=0, le=10, description="measured / predicted ITL of a served member: a member "
+                                                                "is taken to decode this much slower than its profile")
 
 
 class RolePlan(BaseModel):
@@ -88,43 +95,71 @@ def erlang_c(servers: int, load: float) -> float:
     return servers * b / (servers - load * (1 - b))
 
 
-def prefill_members(rate: float, profile: RoleProfile, spec: PlanSpec) -> RolePlan:
+class PrefillPrediction(BaseModel):
+    ttft_p90_s: float
+    alone_s: float = Field(description="a prompt's own time (batch-1 TTFT)")
+    queue_p90_s: float = Field(description="the wait's p90")
+    waiting: float = Field(description="share of prompts that wait (Erlang C)")
+    member_rps: float = Field(description="prompts a second one member takes")
+
+
+class DecodePrediction(BaseModel):
+    itl_p90_s: float
+    per_member: float = Field(description="sequences a member decodes at once")
+    kv_tokens: float = Field(description="KV tokens those sequences hold on a member")
+
+
+def predict_prefill(rate: float, profile: RoleProfile, spec: PlanSpec, members: int) -> PrefillPrediction | None:
+    """TTFT p90 of `members` prefill members at `rate` prompts a second; None when they cannot keep up."""
     alone, mu = _prefill_rates(profile, spec.input_tokens)
+    alone *= spec.ttft_correction  # served, a prompt's own time is longer than profiled; the member's rate is not
+    if rate >= members * mu:
+        return None
+    waits = erlang_c(members, rate / mu)
+    tail = (math.log(waits / (1 - WAIT_QUANTILE)) / (members * mu - rate)) if waits > 1 - WAIT_QUANTILE else 0.0
+    return PrefillPrediction(ttft_p90_s=alone + tail, alone_s=alone, queue_p90_s=tail, waiting=waits, member_rps=mu)
+
+
+def predict_decode(rate: float, profile: RoleProfile, spec: PlanSpec, members: int) -> DecodePrediction | None:
+    """ITL p90 of `members` decode members at `rate` requests a second; None when their share runs past what the
+    profile measured (more sequences than its largest concurrency) or past their KV budget."""
+    curve = [(n, itl * spec.itl_correction)  # the mean context over a decode; served slower than profiled
+             for n, itl in _decode_curve(profile, spec.input_tokens + spec.output_tokens / 2)]
+    n = _in_flight(rate, spec.output_tokens, curve, members)
+    kv = None if n is None else n * (spec.input_tokens + spec.output_tokens)
+    if n is None or n > curve[-1][0] or kv > profile.memory.kv_tokens:
+        return None
+    return DecodePrediction(itl_p90_s=_interp(curve, n), per_member=n, kv_tokens=kv)
+
+
+def prefill_members(rate: float, profile: RoleProfile, spec: PlanSpec) -> RolePlan:
+    alone = _prefill_rates(profile, spec.input_tokens)[0] * spec.ttft_correction
     if alone > spec.slo.ttft_p90_s:
         raise PlanRefused(f"one {spec.input_tokens}-token prompt alone takes {alone * 1e3:.0f} ms to its first token on "
                           f"this prefill shape ({profile.host}): above the TTFT target {spec.slo.ttft_p90_s * 1e3:.0f} ms")
     for c in range(1, spec.max_members + 1):
-        if rate >= c * mu:
-            continue
-        waits = erlang_c(c, rate / mu)
-        tail = max(0.0, math.log(waits / (1 - WAIT_QUANTILE)) / (c * mu - rate)) if waits > 1 - WAIT_QUANTILE else 0.0
-        ttft = alone + tail
-        if ttft <= spec.slo.ttft_p90_s:
-            return RolePlan(members=c, predicted_p90_s=ttft, reason=(
-                f"{rate:.2f} req/s of {spec.input_tokens}-token prompts, {mu:.2f} req/s a member: {c} keep TTFT p90 at "
-                f"{ttft * 1e3:.0f} ms ({alone * 1e3:.0f} ms alone + {tail * 1e3:.0f} ms of queue, "
-                f"{100 * waits:.0f} % of prompts wait) within {spec.slo.ttft_p90_s * 1e3:.0f} ms"
+        p = predict_prefill(rate, profile, spec, c)
+        if p is not None and p.ttft_p90_s <= spec.slo.ttft_p90_s:
+            return RolePlan(members=c, predicted_p90_s=p.ttft_p90_s, reason=(
+                f"{rate:.2f} req/s of {spec.input_tokens}-token prompts, {p.member_rps:.2f} req/s a member: {c} keep "
+                f"TTFT p90 at {p.ttft_p90_s * 1e3:.0f} ms ({p.alone_s * 1e3:.0f} ms alone + {p.queue_p90_s * 1e3:.0f} "
+                f"ms of queue, {100 * p.waiting:.0f} % of prompts wait) within {spec.slo.ttft_p90_s * 1e3:.0f} ms"
                 + ("" if c == 1 else f"; {c - 1} would not")))
     raise PlanRefused(f"prefill needs more than {spec.max_members} members for {rate:.2f} req/s")
 
 
 def decode_members(rate: float, profile: RoleProfile, spec: PlanSpec) -> RolePlan:
-    context = spec.input_tokens + spec.output_tokens / 2  # a sequence's mean context over its decode
-    per_seq = spec.input_tokens + spec.output_tokens
-    curve = _decode_curve(profile, context)
-    top = curve[-1][0]
     for d in range(1, spec.max_members + 1):
-        n = _in_flight(rate, spec.output_tokens, curve, d)
-        if n is None or n > top or n * per_seq > profile.memory.kv_tokens:
-            continue
-        itl = _interp(curve, n)
-        if itl <= spec.slo.itl_p90_s:
-            return RolePlan(members=d, predicted_p90_s=itl, reason=(
-                f"{rate:.2f} req/s x {spec.output_tokens} tokens: {n * d:.1f} sequences decode at once, {n:.1f} a "
-                f"member at ITL p90 {itl * 1e3:.1f} ms within {spec.slo.itl_p90_s * 1e3:.1f} ms, "
-                f"{n * per_seq:.0f} of {profile.memory.kv_tokens} KV tokens" + ("" if d == 1 else f"; {d - 1} would not")))
-    if curve[0][1] > spec.slo.itl_p90_s:
-        raise PlanRefused(f"ITL p90 is {curve[0][1] * 1e3:.1f} ms with one sequence on this decode shape "
+        p = predict_decode(rate, profile, spec, d)
+        if p is not None and p.itl_p90_s <= spec.slo.itl_p90_s:
+            return RolePlan(members=d, predicted_p90_s=p.itl_p90_s, reason=(
+                f"{rate:.2f} req/s x {spec.output_tokens} tokens: {p.per_member * d:.1f} sequences decode at once, "
+                f"{p.per_member:.1f} a member at ITL p90 {p.itl_p90_s * 1e3:.1f} ms within "
+                f"{spec.slo.itl_p90_s * 1e3:.1f} ms, {p.kv_tokens:.0f} of {profile.memory.kv_tokens} KV tokens"
+                + ("" if d == 1 else f"; {d - 1} would not")))
+    alone = _decode_curve(profile, spec.input_tokens + spec.output_tokens / 2)[0][1] * spec.itl_correction
+    if alone > spec.slo.itl_p90_s:
+        raise PlanRefused(f"ITL p90 is {alone * 1e3:.1f} ms with one sequence on this decode shape "
                           f"({profile.host}): above the target {spec.slo.itl_p90_s * 1e3:.1f} ms")
     raise PlanRefused(f"decode needs more than {spec.max_members} members for {rate:.2f} req/s")
 
@@ -232,7 +267,8 @@ def as_table(p: CapacityPlan) -> str:
     """The plan hour by hour (markdown), then each role's reason at the peak."""
     lines = [f"plan for {p.forecast.source} ({p.forecast.timezone}), TTFT p90 <= {p.spec.slo.ttft_p90_s * 1e3:g} ms, "
              f"ITL p90 <= {p.spec.slo.itl_p90_s * 1e3:g} ms, {p.spec.input_tokens} in / {p.spec.output_tokens} out, "
-             f"headroom {100 * p.spec.headroom:g} %", "",
+             f"headroom {100 * p.spec.headroom:g} %, corrections TTFT x{p.spec.ttft_correction:g} ITL "
+             f"x{p.spec.itl_correction:g}", "",
              "| hour | req/s | planned | prefill | decode | P:D | TTFT p90 ms | ITL p90 ms | warm pool |",
              "|---|---|---|---|---|---|---|---|---|"]
     for h in p.hours:

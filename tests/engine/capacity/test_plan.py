@@ -10,7 +10,7 @@ import subprocess
 import pytest
 
 from engine.capacity.forecast import Forecast, TidalShape, from_csv
-from engine.capacity.plan import SLO, PlanRefused, erlang_c, plan, prefill_members
+from engine.capacity.plan import SLO, PlanRefused, erlang_c, plan, predict_decode, predict_prefill, prefill_members
 from engine.process import tideflow_argv
 from tests.engine.capacity.shapes import SPEC, shape
 
@@ -28,6 +28,26 @@ def test_queueing_takes_a_member_that_throughput_alone_would_not():
     assert f"{one.members - 1} would not" in one.reason and "of queue" in one.reason
     low = prefill_members(1.0, shape(), SPEC)
     assert low.members == 1 and "1 keep TTFT p90" in low.reason
+
+
+def test_predictions_say_when_the_members_cannot_keep_up():
+    # the shape's members take 10 prompts of 256 tokens a second: 2 members keep up with 15, 1 does not
+    assert predict_prefill(15.0, shape(), SPEC, 1) is None
+    two = predict_prefill(15.0, shape(), SPEC, 2)
+    assert two.member_rps == pytest.approx(10.0) and two.ttft_p90_s == pytest.approx(two.alone_s + two.queue_p90_s)
+    assert predict_decode(500.0, shape(), SPEC, 1) is None  # more sequences than the profile's 32
+    one = predict_decode(2.0, shape(), SPEC, 1)
+    assert one.kv_tokens == pytest.approx(one.per_member * (256 + 128))
+
+
+def test_a_correction_takes_members_as_that_much_slower_than_profiled():
+    slower = SPEC.model_copy(update={"ttft_correction": 2.0, "itl_correction": 1.5})
+    p1, p2 = predict_prefill(4.0, shape(), SPEC, 1), predict_prefill(4.0, shape(), slower, 1)
+    assert p2.alone_s == pytest.approx(2 * p1.alone_s) and p2.member_rps == pytest.approx(p1.member_rps)
+    assert p2.queue_p90_s == pytest.approx(p1.queue_p90_s)
+    d1, d2 = predict_decode(4.0, shape(), SPEC, 1), predict_decode(4.0, shape(), slower, 1)
+    assert d2.itl_p90_s > 1.5 * d1.itl_p90_s * 0.999 and d2.per_member > d1.per_member  # slower decode holds more
+    assert prefill_members(9.0, shape(), slower).predicted_p90_s > prefill_members(9.0, shape(), SPEC).predicted_p90_s
 
 
 def test_more_traffic_never_plans_fewer_members():
