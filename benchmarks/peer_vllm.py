@@ -94,8 +94,8 @@ def start_vllm(model_dir: Path, dtype: str, log_dir: Path, kind: str = "vllm") -
            "LD_PRELOAD": ":".join([p for p in (TCMALLOC,) if Path(p).exists()] + iomp[:1]),
            "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}
     if isa.amx_off():  # --no-amx: oneDNN and MKL capped as for ours, and vLLM's own kernels told there is no AMX
-        env.update(isa.LIBRARY_CAPS)
-        env["PYTHONPATH"] = str(_no_amx_site(log_dir))
+        env.update({k: v for k, v in isa.LIBRARY_CAPS.items() if k not in os.environ})  # a user's own cap wins
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_no_amx_site(log_dir)), os.environ.get("PYTHONPATH")) if p)
     argv = [str(VENV / "bin" / "python"), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
             "--served-model-name", "default", "--dtype", dtype, "--host", "127.0.0.1", "--port", str(port),
             "--api-key", KEY, "--max-num-seqs", "64", "--max-model-len", "2048"]

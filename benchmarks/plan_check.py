@@ -90,7 +90,9 @@ def main() -> int:
     raw = {r: (predict_prefill(r, profile, plan_spec, 1), predict_decode(r, profile, plan_spec, 1)) for r in args.rates}
     if raw[first][0] is None or raw[first][1] is None:
         raise SystemExit(f"one member cannot keep up with {first:g} req/s by its profile: start from a lower rate")
-    corrected_spec = plan_spec.model_copy(update={"ttft_correction": measured[first][0] / raw[first][0].ttft_p90_s,
+    # the TTFT correction scales a prompt's own time (the queue stays as the profile's rate makes it)
+    own = max(measured[first][0] - raw[first][0].queue_p90_s, 1e-6)
+    corrected_spec = plan_spec.model_copy(update={"ttft_correction": own / raw[first][0].alone_s,
                                                   "itl_correction": measured[first][1] / raw[first][1].itl_p90_s})
     rows = []
     for rate in args.rates:

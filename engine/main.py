@@ -31,11 +31,15 @@ def build_parser(modules: tuple[str, ...] = ENGINE_COMMANDS) -> argparse.Argumen
 
 
 def main(argv: list[str] | None = None, modules: tuple[str, ...] = ENGINE_COMMANDS) -> int:
+    try:
+        isa.cap_libraries()  # $TIDEFLOW_NO_AMX: before anything computes (oneDNN reads its cap once); children inherit it
+    except ValueError as exc:
+        print(f"tideflow: error: {one_line(exc)}", file=sys.stderr)
+        return 2
     args = build_parser(modules).parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        isa.cap_libraries()  # $TIDEFLOW_NO_AMX: before this process's first matmul; its children inherit it
         return int(args.func(args) or 0)
     except (TideflowError, ValueError, OSError) as exc:  # bad input or a refused call: one line, no traceback
         print(f"tideflow: error: {one_line(exc)}", file=sys.stderr)

@@ -31,6 +31,9 @@ class TidalDay(BaseModel):
     peak_start_h: float = Field(10.0, ge=0, lt=24, description="peak begins (end of the ramp)")
     fall_start_h: float = Field(17.0, ge=0, lt=24, description="evening fall begins")
     night_start_h: float = Field(22.0, ge=0, lt=24, description="night begins (end of the fall)")
+    spike_start_h: float | None = Field(None, ge=0, lt=24, description="an unforecast burst begins (None: no burst)")
+    spike_hours: float = Field(1.2, gt=0, le=24, description="how long the burst lasts (1.2 h: 5 % of the day)")
+    spike_factor: float = Field(3.0, ge=1, description="the burst multiplies the rate by this")
     prompt_words: int = Field(24, ge=1, description="words (about tokens) per prompt")
     max_tokens: int = Field(32, ge=1, description="tokens asked per request")
 
@@ -42,6 +45,13 @@ class TidalDay(BaseModel):
         return "peak" if hour < self.fall_start_h else "fall"
 
     def rate(self, hour: float) -> float:
+        """The tide's rate at `hour`, times the burst's factor inside the burst."""
+        if self.spike_start_h is not None and (hour - self.spike_start_h) % 24 < self.spike_hours:
+            return self.spike_factor * self.tide(hour)
+        return self.tide(hour)
+
+    def tide(self, hour: float) -> float:
+        """The rate the tide alone gives at `hour` (what a forecast knows)."""
         phase = self.phase(hour)
         if phase == "night":
             return self.night_rps
@@ -57,7 +67,7 @@ class TidalDay(BaseModel):
     def arrivals(self, seed: int = 0) -> list[float]:
         """Real-second arrival times over one day: Poisson thinning against the peak rate."""
         rng = np.random.default_rng(seed)
-        top = max(self.peak_rps, self.night_rps)
+        top = max(self.peak_rps, self.night_rps) * (self.spike_factor if self.spike_start_h is not None else 1.0)
         t, out = 0.0, []
         while True:
             t += rng.exponential(1.0 / top)

@@ -3,7 +3,9 @@
 Why: most users' x86 CPUs have AVX-512 and no AMX, so a speed measured with AMX is not the speed they get.
 Switched off, it reaches both places that use the tiles: our CPU ops are compiled without them (the flags
 join the build's cache key, so the two builds sit side by side), and oneDNN, which torch's bf16 matmuls and
-the packed projections run on, is capped at AVX-512 BF16 (its ONEDNN_MAX_CPU_ISA; MKL likewise).
+the packed projections run on, is capped at AVX-512 BF16 (its ONEDNN_MAX_CPU_ISA). MKL, which torch's fp32
+matmuls run on, is capped at plain AVX-512 (MKL_ENABLE_INSTRUCTIONS=AVX512: no AMX for certain, and no VNNI or
+BF16 paths either, which its fp32 products do not use).
 """
 
 from __future__ import annotations

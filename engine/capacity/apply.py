@@ -27,12 +27,11 @@ def groups_for(prefill: int, decode: int, template: InferenceGroup) -> int:
     return max(math.ceil(prefill / instances["prefill"]), math.ceil(decode / instances["decode"]))
 
 
-def policy_from_plan(plan: CapacityPlan, template: InferenceGroup, base: ScalingPolicy | None = None,
-                     max_groups: int | None = None) -> ScalingPolicy:
+def policy_from_plan(plan: CapacityPlan, template: InferenceGroup, base: ScalingPolicy | None = None) -> ScalingPolicy:
     """`base`: the metric part and the tick to keep (its schedule, bounds and warm pool are replaced)."""
     base = base or ScalingPolicy()
     counts = [groups_for(h.prefill.members, h.decode.members, template) for h in plan.hours]
-    ceiling = max(max_groups or 0, max(counts), base.bounds.max_groups)
+    ceiling = max(max(counts), base.bounds.max_groups)  # metric scaling may still add up to the base's ceiling
     entries = [ScheduleEntry(at=time(hour=h), groups=n, floor=n) for h, n in enumerate(counts)
                if h == 0 or n != counts[h - 1]]
     ramps = [counts[(h + 1) % 24] - counts[h] for h in range(24)]

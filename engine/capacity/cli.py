@@ -6,6 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from pydantic import ValidationError
+
 
 
 def add_commands(subparsers: argparse._SubParsersAction) -> None:
@@ -73,6 +75,8 @@ def _plan(args: argparse.Namespace) -> int:
             return RoleProfile.model_validate_json(path.read_text())
         except OSError as exc:
             raise ValueError(f"profile {path}: cannot be read ({exc.strerror})") from None
+        except ValidationError as exc:
+            raise ValueError(f"profile {path} is not a `tideflow profile` JSON: {exc}") from None
 
     spec = PlanSpec(slo=SLO(ttft_p90_s=args.ttft_ms / 1000, itl_p90_s=args.itl_ms / 1000),
                     input_tokens=args.input_tokens, output_tokens=args.output_tokens, headroom=args.headroom,

@@ -75,22 +75,22 @@ class TidalShape(BaseModel):
 def from_csv(path: Path, timezone: str = "UTC") -> Forecast:
     """`hour,rps` rows (a header row is allowed), hours 0-23 of `timezone`, each exactly once."""
     try:
-        rows = list(csv.reader(Path(path).read_text().splitlines()))
+        lines = list(enumerate(csv.reader(Path(path).read_text().splitlines()), start=1))
     except (OSError, UnicodeDecodeError) as exc:
         raise ValueError(f"forecast {path}: cannot be read ({exc})") from None
-    rows = [r for r in rows if r and any(c.strip() for c in r)]
-    if rows and not rows[0][0].strip().lstrip("-").isdigit():
+    rows = [(n, r) for n, r in lines if r and any(c.strip() for c in r)]
+    if rows and not rows[0][1][0].strip().lstrip("-").isdigit():
         rows = rows[1:]  # the header
     if not rows:
         raise ValueError(f"forecast {path}: no rows (want `hour,rps` for hours 0-23)")
     rates: dict[int, float] = {}
-    for line, row in enumerate(rows, start=1):
+    for line, row in rows:
         try:
             hour, rate = int(row[0]), float(row[1])
         except (ValueError, IndexError):
-            raise ValueError(f"forecast {path}: row {line} {row!r} is not `hour,rps`") from None
+            raise ValueError(f"forecast {path}: line {line} {row!r} is not `hour,rps`") from None
         if not 0 <= hour <= 23:
-            raise ValueError(f"forecast {path}: row {line}: hour {hour} is not 0-23")
+            raise ValueError(f"forecast {path}: line {line}: hour {hour} is not 0-23")
         if hour in rates:
             raise ValueError(f"forecast {path}: hour {hour} appears twice")
         rates[hour] = rate

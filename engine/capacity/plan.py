@@ -7,8 +7,8 @@ arrivals bunch (the burst a throughput planner ignores). Prefill is modelled as 
 prompts at the rate its profile measured at the workload's input length (its best batch), a prompt's own time
 its batch-1 TTFT, the wait's tail from Erlang C: P(wait > t) = C(c, a) exp(-(c mu - lambda) t). Decode is a
 closed loop: by Little's law lambda x output tokens x ITL sequences decode at once; spread over d members each
-holds n of them, and the profile's ITL p90 at n sequences (interpolated between the concurrencies and contexts it
-measured, never extrapolated past them) must meet the target with n x (input + output) tokens within its KV
+holds n of them (from the profile's median ITL), and its ITL p90 at n sequences (interpolated between the
+concurrencies and contexts it measured, never past its largest concurrency) must meet the target with n x (input + output) tokens within its KV
 budget. Headroom is added to every rate first. The warm pool before an hour holds the members its ramp adds
 (started `cold_start_s` ahead, they are loaded and silent when it begins), so a ramp never waits on a cold start.
 """
@@ -80,7 +80,9 @@ class CapacityPlan(BaseModel):
     decode_host: str
     hours: list[HourPlan]
     peak_members: int
-    member_hours: int = Field(description="members summed over the day's hours, warm pool included")
+    member_hours: int = Field(description="members summed over the day's hours, each hour's warm pool counted for the "
+                                          "whole hour (the autoscaler keeps its standby groups loaded, not just for "
+                                          "cold_start_s)")
 
 
 class PlanRefused(ValueError):
@@ -122,14 +124,19 @@ def predict_prefill(rate: float, profile: RoleProfile, spec: PlanSpec, members: 
 
 def predict_decode(rate: float, profile: RoleProfile, spec: PlanSpec, members: int) -> DecodePrediction | None:
     """ITL p90 of `members` decode members at `rate` requests a second; None when their share runs past what the
-    profile measured (more sequences than its largest concurrency) or past their KV budget."""
-    curve = [(n, itl * spec.itl_correction)  # the mean context over a decode; served slower than profiled
-             for n, itl in _decode_curve(profile, spec.input_tokens + spec.output_tokens / 2)]
-    n = _in_flight(rate, spec.output_tokens, curve, members)
-    kv = None if n is None else n * (spec.input_tokens + spec.output_tokens)
-    if n is None or n > curve[-1][0] or kv > profile.memory.kv_tokens:
+    profile measured (more sequences than its largest concurrency), past their KV budget, or never settles (they
+    cannot keep up). The sequences in flight follow from the median ITL (Little's law needs the typical pace); the
+    target is checked on the p90."""
+    context = spec.input_tokens + spec.output_tokens / 2  # the mean context over a decode
+    typical = [(n, itl * spec.itl_correction) for n, itl in _decode_curve(profile, context, "itl_s")]
+    tail = [(n, itl * spec.itl_correction) for n, itl in _decode_curve(profile, context, "itl_p90_s")]
+    n = _in_flight(rate, spec.output_tokens, typical, members)
+    if n is None:
         return None
-    return DecodePrediction(itl_p90_s=_interp(curve, n), per_member=n, kv_tokens=kv)
+    kv = max(n, 1.0) * (spec.input_tokens + spec.output_tokens)  # one sequence at least: it must fit whole
+    if kv > profile.memory.kv_tokens:
+        return None
+    return DecodePrediction(itl_p90_s=_interp(tail, n), per_member=n, kv_tokens=kv)
 
 
 def prefill_members(rate: float, profile: RoleProfile, spec: PlanSpec) -> RolePlan:
@@ -157,7 +164,7 @@ def decode_members(rate: float, profile: RoleProfile, spec: PlanSpec) -> RolePla
                 f"{p.per_member:.1f} a member at ITL p90 {p.itl_p90_s * 1e3:.1f} ms within "
                 f"{spec.slo.itl_p90_s * 1e3:.1f} ms, {p.kv_tokens:.0f} of {profile.memory.kv_tokens} KV tokens"
                 + ("" if d == 1 else f"; {d - 1} would not")))
-    alone = _decode_curve(profile, spec.input_tokens + spec.output_tokens / 2)[0][1] * spec.itl_correction
+    alone = _decode_curve(profile, spec.input_tokens + spec.output_tokens / 2, "itl_p90_s")[0][1] * spec.itl_correction
     if alone > spec.slo.itl_p90_s:
         raise PlanRefused(f"ITL p90 is {alone * 1e3:.1f} ms with one sequence on this decode shape "
                           f"({profile.host}): above the target {spec.slo.itl_p90_s * 1e3:.1f} ms")
@@ -172,7 +179,8 @@ def check_fit(profile: RoleProfile, spec: PlanSpec, role: str) -> None:
     need = m.weights_bytes + m.buffers_bytes + m.kv_budget_bytes
     if need > spec.member_memory_bytes:
         raise PlanRefused(f"a {role} member needs {need / 1e9:.2f} GB (weights {m.weights_bytes / 1e9:.2f} GB + "
-                          f"KV {m.kv_budget_bytes / 1e9:.2f} GB for {m.kv_tokens} tokens), "
+                          f"buffers {m.buffers_bytes / 1e9:.2f} GB + KV {m.kv_budget_bytes / 1e9:.2f} GB for "
+                          f"{m.kv_tokens} tokens), "
                           f"{(need - spec.member_memory_bytes) / 1e9:.2f} GB more than its {spec.member_memory_bytes / 1e9:.2f} GB")
 
 
@@ -222,12 +230,14 @@ def _prefill_rates(profile: RoleProfile, tokens: int) -> tuple[float, float]:
     return _interp(alone, tokens), rate / tokens
 
 
-def _decode_curve(profile: RoleProfile, context: float) -> list[tuple[float, float]]:
-    """ITL p90 against sequences a member decodes, at `context` tokens (between the two nearest contexts)."""
+def _decode_curve(profile: RoleProfile, context: float, figure: str) -> list[tuple[float, float]]:
+    """`figure` (itl_s or itl_p90_s) against sequences a member decodes, at `context` tokens: interpolated between
+    the two nearest contexts measured (a profile of one context stands for every context); within the
+    concurrencies measured (below the smallest, its figure; past the largest, the callers refuse)."""
     by_context: dict[int, list[tuple[float, float]]] = {}
     for d in profile.decode:
-        if d.itl_p90_s:
-            by_context.setdefault(d.context, []).append((float(d.concurrency), d.itl_p90_s))
+        if getattr(d, figure):
+            by_context.setdefault(d.context, []).append((float(d.concurrency), getattr(d, figure)))
     contexts = sorted(by_context)
     if not contexts:
         raise PlanRefused("the decode profile has no measured point")
@@ -245,17 +255,17 @@ def _decode_curve(profile: RoleProfile, context: float) -> list[tuple[float, flo
 
 
 def _in_flight(rate: float, tokens: int, curve: list[tuple[float, float]], members: int) -> float | None:
-    """Sequences a member holds at `rate`: the fixed point of n = rate x tokens x ITL(n) / members; None when
-    it runs past the curve (the members cannot keep up within what was measured)."""
+    """Sequences a member holds at `rate`: the fixed point of n = rate x tokens x ITL(n) / members; None when it
+    runs past the curve or does not settle (the members cannot keep up within what was measured)."""
     n = rate * tokens * curve[0][1] / members
-    for _ in range(100):
+    for _ in range(200):
         if n > curve[-1][0]:
             return None
-        following = rate * tokens * _interp(curve, max(n, curve[0][0])) / members
+        following = rate * tokens * _interp(curve, n) / members
         if abs(following - n) < 1e-6:
-            break
+            return following if following <= curve[-1][0] else None
         n = following
-    return n
+    return None
 
 
 def _interp(points: list[tuple[float, float]], x: float) -> float:

@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from engine.core.sampling import SamplingParams
 from engine.paths import default_model_dir, home
+from tideflow_kernels import isa
 from tideflow_kernels.atomic_file import atomic_write_text
 
 Progress = Callable[[str], None]
@@ -69,7 +70,7 @@ class PrefillPoint(BaseModel):
 class DecodePoint(BaseModel):
     concurrency: int
     context: int
-    itl_s: float | None = Field(None, description="median inter-token latency over the sequences' decode steps")
+    itl_s: float | None = Field(None, description="median inter-token latency while all the sequences decode at once")
     itl_p90_s: float | None = None
     tokens_per_s: float | None = Field(None, description="tokens out of all sequences per second once all decode")
     refused: str | None = None
@@ -152,6 +153,7 @@ def profile_role(spec: ProfileSpec, progress: Progress | None = None) -> RolePro
     from tideflow_kernels.startup import arch_for, startup_ops
 
     say = progress or (lambda _msg: None)
+    isa.cap_libraries()  # $TIDEFLOW_NO_AMX in a process that did not start as a tideflow command (a flow run)
     device = torch.device(spec.device)
     model_dir = (spec.model_dir or default_model_dir()).resolve()
     if not (model_dir / "config.json").exists():
@@ -226,15 +228,19 @@ def _decode_point(engine, batch: list[list[int]], tokens: int, memory: MemoryFig
     if n > cap:
         return DecodePoint(concurrency=n, context=context, refused=f"more sequences than max_num_seqs {cap}")
     _, sinks = _run(engine, batch, tokens)
-    all_decoding = max(s.times[0] for s in sinks)
-    end = max(s.times[-1] for s in sinks)
-    gaps = np.concatenate([np.diff([t for t in s.times if t >= all_decoding]) for s in sinks])
-    gaps = gaps[gaps > 0] if len(gaps) else gaps  # tokens that arrived in one output share one stamp
-    counted = sum(sum(1 for t in s.times if t > all_decoding) for s in sinks)
-    if not len(gaps) or end <= all_decoding:
-        return DecodePoint(concurrency=n, context=context, refused="no decode step after every sequence started")
+    # the window where all n decode at once: from the last one's first token (the others' prompts were prefilled
+    # in steps beside their decodes) to the first one's last token (after it, fewer than n remain)
+    start, end = max(s.times[0] for s in sinks), min(s.times[-1] for s in sinks)
+    inside = [[t for t in s.times if start <= t <= end] for s in sinks]
+    gaps = np.concatenate([np.diff(ts) for ts in inside])
+    gaps = gaps[gaps > 0]  # tokens that arrived in one output share one stamp
+    if end <= start or not len(gaps):
+        return DecodePoint(concurrency=n, context=context, refused=f"the {n} sequences never decoded all at once "
+                                                                   "(their prompts' prefill outlasted the first "
+                                                                   "one's decode): raise decode_tokens")
+    counted = sum(sum(1 for t in ts if t > start) for ts in inside)
     return DecodePoint(concurrency=n, context=context, itl_s=float(np.median(gaps)),
-                       itl_p90_s=float(np.percentile(gaps, 90)), tokens_per_s=counted / (end - all_decoding))
+                       itl_p90_s=float(np.percentile(gaps, 90)), tokens_per_s=counted / (end - start))
 
 
 def save_profile(profile: RoleProfile, out: Path | None = None) -> Path:

@@ -615,9 +615,12 @@ class Controller:
             CanaryGauge(stable=canary.stable, canary=canary.canary, step=canary.step, percent=canary.percent))
 
     def _running_groups(self) -> list[RunningGroup]:
-        """Each group with a build now: what the expert move reports read."""
+        """Each group serving or warm now: what the expert move reports read."""
         groups = list(self.manager.groups.values()) if self.manager is not None else []
-        return [(g.spec, g.status.handle.id, list(g.status.members)) for g in groups if g.status.handle is not None]
+        # only a Ready or Standby group: its members were observed under its current build (a rebuild turns it
+        # Starting before it takes a new handle, and its members are observed anew before it is Ready again)
+        return [(g.spec, g.status.handle.id, list(g.status.members)) for g in groups
+                if g.status.state in (GroupState.READY, GroupState.STANDBY) and g.status.handle is not None]
 
     def member_metrics(self) -> list[str]:
         """Prometheus expositions of every routed member (the canary's direct source reads them)."""

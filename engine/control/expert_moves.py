@@ -15,7 +15,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import BaseModel, Field
 
-from engine.group.backend import MemberStatus
+from engine.group.backend import MemberStatus, Phase
 from engine.group.spec import InferenceGroup
 from engine.http import bearer_client
 
@@ -60,9 +60,10 @@ def read_moves(exposition: str) -> ExpertMoves:
 
 
 def moving_leaders(spec: InferenceGroup, members: Iterable[MemberStatus]) -> list[MemberStatus]:
-    """The rank-0 members of the roles with replica slots, where an endpoint is known: the ones to ask."""
+    """The Ready rank-0 members of the roles with replica slots: the ones to ask (a member still starting, or of a
+    build being replaced, has nothing to say of this build)."""
     roles = {r.role for r in spec.roles if r.redundant_experts}
-    return [m for m in members if m.role in roles and m.rank == 0 and m.endpoint]
+    return [m for m in members if m.role in roles and m.rank == 0 and m.endpoint and m.phase == Phase.READY]
 
 
 class MovesWatch:
@@ -95,16 +96,20 @@ class MovesWatch:
         self.totals = {k: v for k, v in self.totals.items() if k in groups}
 
 
-def scrape_moves(client: httpx.Client, leaders: list[MemberStatus]) -> dict[tuple[str, int], ExpertMoves]:
-    """Each leader's counts; a leader that does not answer now is left out of this reading."""
+def scrape_moves(client: httpx.Client, leaders: list[MemberStatus],
+                 stop: threading.Event | None = None) -> dict[tuple[str, int], ExpertMoves]:
+    """Each leader's counts; a leader that does not answer now, or answers what is not an exposition, is left out
+    of this reading (the others are read all the same). Stops early once `stop` is set."""
     out = {}
     for m in leaders:
+        if stop is not None and stop.is_set():
+            break
         try:
             r = client.get(f"{m.endpoint}/metrics")
             r.raise_for_status()
-        except httpx.HTTPError:
-            continue
-        out[(m.role, m.instance)] = read_moves(r.text)
+            out[(m.role, m.instance)] = read_moves(r.text)
+        except (httpx.HTTPError, ValueError) as exc:
+            log.debug("expert moves of %s %d/%d not read: %s", m.role, m.instance, m.rank, exc)
     return out
 
 
@@ -143,7 +148,11 @@ class MovesReporter:
         with bearer_client(self.member_key, timeout_s=2.0) as client:
             for spec, handle, members in running:
                 leaders = moving_leaders(spec, members)
-                if leaders:
-                    for message in self.watch.observe(spec.name, handle, scrape_moves(client, leaders)):
-                        self.record("expert_lb", message)
+                if not leaders:
+                    continue
+                readings = scrape_moves(client, leaders, self._stop)
+                if self._stop.is_set():
+                    return  # the controller is closing: nothing more is recorded
+                for message in self.watch.observe(spec.name, handle, readings):
+                    self.record("expert_lb", message)
         self.watch.forget_others({spec.name for spec, _, _ in running})

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
+from pathlib import Path
 
 import pytest
 
+from engine.process import tideflow_argv
 from tideflow_kernels import isa
 from tideflow_kernels.build import cache_key_of
 from tideflow_kernels.cpu import extension
@@ -34,22 +35,25 @@ def test_a_value_that_is_not_a_switch_is_refused(monkeypatch, value):
 def test_the_users_own_library_cap_wins(monkeypatch):
     monkeypatch.setenv(isa.NO_AMX_ENV, "1")
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
-    monkeypatch.delenv("MKL_ENABLE_INSTRUCTIONS", raising=False)
+    monkeypatch.setenv("MKL_ENABLE_INSTRUCTIONS", "unset")  # recorded, so the cap set below is undone after the test
+    monkeypatch.delenv("MKL_ENABLE_INSTRUCTIONS")
     isa.cap_libraries()
     assert os.environ["ONEDNN_MAX_CPU_ISA"] == "AVX2"
     assert os.environ["MKL_ENABLE_INSTRUCTIONS"] == isa.LIBRARY_CAPS["MKL_ENABLE_INSTRUCTIONS"]
 
 
-def test_onednn_takes_the_cap_and_computes_without_amx():
-    """oneDNN ignores an ISA name it does not know: its own report of the ISA it uses shows the cap took."""
-    probe = ("from tideflow_kernels import isa; isa.cap_libraries(); import torch; "
-             "a = torch.ones(16, 64, dtype=torch.bfloat16); print(float((a @ a.T)[0, 0]))")
-    env = {**os.environ, isa.NO_AMX_ENV: "1", "ONEDNN_VERBOSE": "1"}
-    env.pop("ONEDNN_MAX_CPU_ISA", None)
-    done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    isa_lines = [ln for ln in done.stdout.splitlines() if ",info,cpu,isa:" in ln]
-    if not isa_lines:
-        pytest.skip("this torch's oneDNN ran no primitive for a bf16 matmul (no report of its ISA)")
-    assert "AMX" not in isa_lines[0], isa_lines[0]
-    assert done.stdout.strip().splitlines()[-1] == "64.0"
+@pytest.mark.skipif("amx_tile" not in (Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""),
+                    reason="a host without AMX computes without it anyway: nothing to switch off")
+def test_a_tideflow_command_computes_without_amx_when_told(tiny_model_dir):
+    """Through the command as users run it: oneDNN ignores an ISA name it does not know, so its own report of the
+    ISA it uses is what shows the cap took (and took before the command's first bf16 matmul)."""
+    argv = tideflow_argv("generate", "--model", str(tiny_model_dir), "--prompt", "hello", "--max-tokens", "2",
+                         "--dtype", "bfloat16", "--kernels", "reference")
+    env = {k: v for k, v in os.environ.items() if k not in isa.LIBRARY_CAPS}
+    for off in ("0", "1"):
+        done = subprocess.run(argv, env={**env, isa.NO_AMX_ENV: off, "ONEDNN_VERBOSE": "1"}, capture_output=True,
+                              text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+        reported = [ln for ln in done.stdout.splitlines() if ",info,cpu,isa:" in ln]
+        assert reported, done.stdout[-2000:]  # a bf16 matmul went through oneDNN and said on what
+        assert ("AMX" in reported[0]) == (off == "0"), (off, reported[0])

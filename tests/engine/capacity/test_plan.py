@@ -45,7 +45,7 @@ def test_a_correction_takes_members_as_that_much_slower_than_profiled():
     p1, p2 = predict_prefill(4.0, shape(), SPEC, 1), predict_prefill(4.0, shape(), slower, 1)
     assert p2.alone_s == pytest.approx(2 * p1.alone_s) and p2.member_rps == pytest.approx(p1.member_rps)
     assert p2.queue_p90_s == pytest.approx(p1.queue_p90_s)
-    d1, d2 = predict_decode(4.0, shape(), SPEC, 1), predict_decode(4.0, shape(), slower, 1)
+    d1, d2 = predict_decode(2.0, shape(), SPEC, 1), predict_decode(2.0, shape(), slower, 1)
     assert d2.itl_p90_s > 1.5 * d1.itl_p90_s * 0.999 and d2.per_member > d1.per_member  # slower decode holds more
     assert prefill_members(9.0, shape(), slower).predicted_p90_s > prefill_members(9.0, shape(), SPEC).predicted_p90_s
 
@@ -74,7 +74,7 @@ def test_a_target_the_shape_cannot_meet_or_a_member_that_does_not_fit_is_refused
     with pytest.raises(PlanRefused, match="ITL p90 is 12.6 ms with one sequence .* above the target 5.0 ms"):
         plan(SPEC.model_copy(update={"slo": SLO(ttft_p90_s=0.5, itl_p90_s=0.005)}), TidalShape().forecast(), shape())
     small = SPEC.model_copy(update={"member_memory_bytes": 10**9})
-    with pytest.raises(PlanRefused, match=r"a prefill member needs 1.47 GB \(weights 0.40 GB \+ KV 1.07 GB for 65536 tokens\), "
+    with pytest.raises(PlanRefused, match=r"a prefill member needs 1.47 GB \(weights 0.40 GB \+ buffers 0.00 GB \+ KV 1.07 GB for 65536 tokens\), "
                                           r"0.47 GB more than its 1.00 GB"):
         plan(small, TidalShape().forecast(), shape())
     with pytest.raises(PlanRefused, match="outside the lengths the prefill profile measured"):
@@ -88,7 +88,7 @@ def test_a_target_the_shape_cannot_meet_or_a_member_that_does_not_fit_is_refused
     ("\n".join(f"{h},{-1 if h == 3 else 1}" for h in range(24)), "hour 3: rate -1.0 is not a finite number >= 0"),
     ("\n".join(f"{h},{'nan' if h == 7 else 1}" for h in range(24)), "hour 7: rate nan"),
     ("\n".join(f"{h},1" for h in range(1, 25)), "hour 24 is not 0-23"),
-    ("0,one", "row 1 ['0', 'one'] is not `hour,rps`")])
+    ("hour,rps\n\n0,one", "line 3 ['0', 'one'] is not `hour,rps`")])
 def test_a_bad_forecast_is_refused_naming_what_is_wrong(tmp_path, rows, error):
     path = tmp_path / "f.csv"
     path.write_text(rows)

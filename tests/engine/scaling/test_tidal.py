@@ -31,6 +31,17 @@ def test_the_trace_is_denser_at_the_peak(tmp_path):
     assert peak > 5 * night
 
 
+def test_an_unforecast_burst_multiplies_the_tide_while_it_lasts(tmp_path):
+    day = TidalDay(day_s=240, night_rps=0.5, peak_rps=4, spike_start_h=13.0, spike_hours=1.2, spike_factor=3.0)
+    assert day.rate(13.5) == pytest.approx(12.0) and day.tide(13.5) == pytest.approx(4.0)
+    assert day.rate(14.3) == pytest.approx(4.0) and day.rate(12.9) == pytest.approx(4.0)
+    day.write_trace(tmp_path / "t.jsonl", seed=1)
+    hours = [day.hour_at(json.loads(x)["arrival_s"]) for x in (tmp_path / "t.jsonl").read_text().splitlines()]
+    in_burst = sum(13.0 <= h < 14.2 for h in hours) / 1.2
+    around = sum(10.0 <= h < 13.0 or 14.2 <= h < 17.0 for h in hours) / 5.8
+    assert in_burst > 2 * around  # 3x the peak's density, give or take Poisson noise
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_a_short_tidal_day_follows_the_schedule_and_loses_nothing(groupset, tiny_model_dir, tmp_path):
