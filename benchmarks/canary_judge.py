@@ -39,7 +39,7 @@ from scipy import stats
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import print_table  # noqa: E402
 
-from engine.canary.judge import JudgeConfig, Samples, SequentialJudge, step_verdict  # noqa: E402
+from engine.canary.judge import ErrorCounts, JudgeConfig, Samples, SequentialJudge, step_verdict  # noqa: E402
 
 
 class Scenario(BaseModel):
@@ -122,92 +122,133 @@ def error_power(s: Scenario, alpha: float) -> ErrorPower | None:
     return ErrorPower(best=best, fisher=fisher)
 
 
-class RunResult(BaseModel):
-    judge: str = Field(description="fail, pass or inconclusive at the end of the run")
-    judge_at: int = Field(description="canary requests when the judge decided (the run's length if it did not)")
+class StepRun(BaseModel):
+    """One step of one run: what the judge (with the earlier steps' error counts), the same judge on the step's own
+    counts, and the threshold gates decided within the step's canary requests."""
+
+    judge: str = Field(description="fail, pass or inconclusive at the end of the step")
+    judge_at: int = Field(description="canary requests when the judge decided (the step's length if it did not)")
+    alone: str = Field(description="the judge without the earlier steps' counts (carry_errors off)")
     thresholds: str
-    thresholds_at: int
     alpha_spent: float = Field(description="alpha the judge had spent over all metrics by its last look")
+    counts: ErrorCounts = Field(description="both sides' error counts when the judge decided: what the next step carries")
 
 
-def run_once(s: Scenario, config: JudgeConfig, rng: np.random.Generator, look_every: int = 10) -> RunResult:
+def run_step(s: Scenario, share: float, config: JudgeConfig, rng: np.random.Generator,
+             carried: list[ErrorCounts], look_every: int = 10) -> StepRun:
+    """One canary step at `share`, judged every `look_every` canary requests, as a hold checks every second; its
+    horizon is its length (the canary requests the hold sees: what rollout.py estimates from the arrival rate)."""
     n = s.canary_requests
-    m = int(np.ceil(n * (1 - s.canary_share) / s.canary_share))
+    m = int(np.ceil(n * (1 - share) / share))
     canary = synthetic(rng, n, s.ttft_factor, s.error_rate, s.slow_share)
     baseline = synthetic(rng, m, 1.0, s.baseline_error_rate)
-    judge = SequentialJudge(config, horizon=n)  # the step's horizon: the canary requests its hold sees
+    judges = {"judge": SequentialJudge(config, horizon=n),
+              "alone": SequentialJudge(config.model_copy(update={"carry_errors": False}), horizon=n)}
     result: dict = {}
     for seen in range(look_every, n + 1, look_every):
-        base_seen = int(seen * (1 - s.canary_share) / s.canary_share)
-        c, b = canary.head(seen), baseline.head(base_seen)
-        if "judge" not in result:
-            verdicts = judge.look(c, b, bounds=False)
-            result["alpha_spent"] = sum(v.alpha_spent for v in verdicts)
+        c, b = canary.head(seen), baseline.head(int(seen * (1 - share) / share))
+        for name, judge in judges.items():
+            if name in result:
+                continue
+            verdicts = judge.look(c, b, bounds=False, carried=carried)
             verdict = step_verdict(verdicts)
+            if name == "judge":
+                result.update(alpha_spent=sum(v.alpha_spent for v in verdicts), counts=ErrorCounts.of(c, b))
             if verdict != "inconclusive":
-                result.update(judge=verdict, judge_at=seen)
+                result[name] = verdict
+                result.setdefault("judge_at", seen) if name == "judge" else None
         if "thresholds" not in result and threshold_gates(c, b) == "fail":
-            result.update(thresholds="fail", thresholds_at=seen)
-        if "judge" in result and "thresholds" in result:
+            result["thresholds"] = "fail"
+        if all(k in result for k in ("judge", "alone", "thresholds")):
             break
-    result.setdefault("judge", "inconclusive")
-    result.setdefault("judge_at", n)
-    result.setdefault("thresholds", "pass")
-    result.setdefault("thresholds_at", n)
-    result.setdefault("alpha_spent", 0.0)
-    return RunResult(**result)
+    for name, default in (("judge", "inconclusive"), ("alone", "inconclusive"), ("thresholds", "pass"),
+                          ("judge_at", n), ("alpha_spent", 0.0)):
+        result.setdefault(name, default)
+    return StepRun(**result)
+
+
+def run_plan(s: Scenario, shares: list[float], config: JudgeConfig, rng: np.random.Generator) -> list[StepRun]:
+    """The plan's steps in order, each judged with the counts of every step before it (at that step's verdict),
+    whatever that step decided: so each step's rate is its own power, or its own false rollbacks, given the
+    evidence the plan hands it."""
+    steps: list[StepRun] = []
+    for share in shares:
+        steps.append(run_step(s, share, config, rng, [r.counts for r in steps]))
+    return steps
 
 
 class ScenarioRates(BaseModel):
     scenario: str
+    share: float
     runs: int
-    judge_fail: float = Field(description="share of runs the judge rolled back (failed)")
+    judge_fail: float = Field(description="share of runs this step rolled back, the earlier steps' counts carried")
     judge_pass: float
+    reached: int = Field(description="runs whose earlier steps all passed: those that reach this step in a rollout")
+    reached_fail: float = Field(description="of those, the share this step rolled back")
+    by_step_fail: float = Field(description="share of runs rolled back at this step or an earlier one")
+    alone_fail: float = Field(description="share of runs this step alone (its own counts) rolled back")
     judge_median_at: float = Field(description="median canary requests at the judge's verdict")
     alpha_spent: float = Field(description="mean alpha the judge had spent by its last look")
     thresholds_fail: float
 
 
-def simulate(s: Scenario, runs: int, seed: int, config: JudgeConfig | None = None) -> ScenarioRates:
+def simulate(s: Scenario, shares: list[float], runs: int, seed: int,
+             config: JudgeConfig | None = None) -> list[ScenarioRates]:
+    """`runs` seeded rollouts through `shares`; the rates of each step."""
     config = config or JudgeConfig()
     rng = np.random.default_rng(seed)
-    results = [run_once(s, config, rng) for _ in range(runs)]
-    return ScenarioRates(scenario=s.name, runs=runs,
-                         judge_fail=float(np.mean([r.judge == "fail" for r in results])),
-                         judge_pass=float(np.mean([r.judge == "pass" for r in results])),
-                         judge_median_at=float(np.median([r.judge_at for r in results])),
-                         alpha_spent=float(np.mean([r.alpha_spent for r in results])),
-                         thresholds_fail=float(np.mean([r.thresholds == "fail" for r in results])))
+    plans = [run_plan(s, shares, config, rng) for _ in range(runs)]
+    out = []
+    for k, share in enumerate(shares):
+        steps = [p[k] for p in plans]
+        reached = [p[k] for p in plans if all(e.judge == "pass" for e in p[:k])]
+        out.append(ScenarioRates(
+            scenario=s.name, share=share, runs=runs,
+            judge_fail=float(np.mean([r.judge == "fail" for r in steps])),
+            judge_pass=float(np.mean([r.judge == "pass" for r in steps])),
+            reached=len(reached),
+            reached_fail=float(np.mean([r.judge == "fail" for r in reached])) if reached else float("nan"),
+            by_step_fail=float(np.mean([any(e.judge == "fail" for e in p[: k + 1]) for p in plans])),
+            alone_fail=float(np.mean([r.alone == "fail" for r in steps])),
+            judge_median_at=float(np.median([r.judge_at for r in steps])),
+            alpha_spent=float(np.mean([r.alpha_spent for r in steps])),
+            thresholds_fail=float(np.mean([r.thresholds == "fail" for r in steps]))))
+    return out
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=2000)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--share", type=float, nargs="+", default=[0.05, 0.25, 0.5], help="canary shares of the traffic")
+    ap.add_argument("--share", type=float, nargs="+", default=[0.05, 0.25, 0.5],
+                    help="the plan's canary shares of the traffic, its steps in this order")
     ap.add_argument("--scenarios", nargs="+", default=list(SCENARIOS), choices=list(SCENARIOS), metavar="NAME")
     ap.add_argument("--judge", default="{}", help="JudgeConfig fields as JSON over the shipped defaults, e.g. "
                                                   "'{\"spending\": \"pocock\"}'")
     args = ap.parse_args()
     config = JudgeConfig.model_validate({**JudgeConfig().model_dump(), **json.loads(args.judge)})
     rows = []
-    for share in args.share:
-        for i, name in enumerate(args.scenarios):
-            s = SCENARIOS[name].model_copy(update={"canary_share": share})
-            t0 = time.perf_counter()
-            r = simulate(s, args.runs, args.seed + i, config)
+    for i, name in enumerate(args.scenarios):
+        t0 = time.perf_counter()
+        rates = simulate(SCENARIOS[name], args.share, args.runs, args.seed + i, config)
+        took = time.perf_counter() - t0
+        for r in rates:
+            s = SCENARIOS[name].model_copy(update={"canary_share": r.share})
             power = error_power(s, config.alpha)
-            rows.append([f"{s.name} @ {share:.0%}", f"{s.canary_requests}", f"{100 * r.judge_fail:.1f} %",
-                         f"{r.judge_median_at:.0f}", f"{r.alpha_spent:.3f}", f"{100 * r.thresholds_fail:.1f} %",
+            rows.append([f"{s.name} @ {r.share:.0%}", f"{s.canary_requests}", f"{100 * r.judge_fail:.1f} %",
+                         f"{100 * r.reached_fail:.1f} % of {r.reached}", f"{100 * r.by_step_fail:.1f} %",
+                         f"{100 * r.alone_fail:.1f} %", f"{r.judge_median_at:.0f}", f"{r.alpha_spent:.3f}",
+                         f"{100 * r.thresholds_fail:.1f} %",
                          "-" if power is None else f"{100 * power.best:.1f} / {100 * power.fisher:.1f} %",
-                         TARGETS.get(name, "-"),
-                         f"{time.perf_counter() - t0:.0f}s"])
-    print(f"{args.runs} seeded runs per row; rolled back = the step failed within the canary requests shown; judge: "
-          f"alpha {config.alpha} ({config.error_alpha_share:g} of it to errors), {config.spending} spending over the step's "
-          "canary requests")
-    print_table(["scenario @ canary share", "canary requests", "judge: rolled back", "judge: median requests to verdict",
-                 "judge: alpha spent", "threshold gates: rolled back", "error tests: best / Fisher", "wanted", "time"],
-                rows)
+                         TARGETS.get(name, "-"), f"{took:.0f}s"])
+    print(f"{args.runs} seeded rollouts per scenario through the steps {', '.join(f'{x:.0%}' for x in args.share)}; "
+          f"rolled back = the step failed within the canary requests shown; judge: alpha {config.alpha} "
+          f"({config.error_alpha_share:g} of it to errors), {config.spending} spending over the step's canary requests, "
+          f"errors carried from step to step: {config.carry_errors}")
+    print_table(["scenario @ step", "canary requests", "judge: rolled back", "reached the step: rolled back",
+                 "rolled back by the step", "the step alone", "judge: median requests to verdict",
+                 "judge: alpha spent", "threshold gates: rolled back", "error tests of the step alone: best / Fisher",
+                 "wanted", "time"], rows)
     return 0
 
 

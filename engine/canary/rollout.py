@@ -17,7 +17,7 @@ from typing import Any, Callable, Literal, Protocol
 from pydantic import BaseModel, Field
 
 from engine.canary.gates import GateResult, GateSuite, step_row
-from engine.canary.judge import MetricVerdict, Samples, SequentialJudge, step_verdict
+from engine.canary.judge import ErrorCounts, MetricVerdict, Samples, SequentialJudge, step_verdict
 from engine.canary.metrics import GroupFigures, MetricsSource
 from engine.canary.plan import CanaryPlan, CanaryStep
 from engine.canary.samples import RouterSamples
@@ -47,6 +47,9 @@ class StepReport(BaseModel):
     verdicts: list[MetricVerdict] = Field(default_factory=list, description="the judge's last look, one row per metric")
     baseline_samples: list[Sample] = Field(default_factory=list, repr=False,
                                            description="the stable samples judged against (the next step may need them)")
+    error_counts: ErrorCounts | None = Field(None, description="both sides' error counts at the last look, when "
+                                                               "judged against this step's own stable samples: a "
+                                                               "later step's error test carries them")
     passed: bool
     gate: GateResult | None = Field(None, description="the suite run on the judge table at the step's end")
 
@@ -147,7 +150,8 @@ def hold_step(stable: str, canary: str, index: int, step: CanaryStep, plan: Cana
         seen = samples.of(canary)
         if judge is None and len(seen) >= plan.judge.min_samples:  # the rate is known: so is the step's horizon
             judge = SequentialJudge(plan.judge, index, step_horizon(len(seen), elapsed, step))
-        verdicts = (judge or unsized).look(seen, Samples.of(baseline))
+        judged = Samples.of(baseline)
+        verdicts = (judge or unsized).look(seen, judged, carried=_carried(done, baseline_step))
         if baseline_step != index:  # no concurrent baseline (100 %): the canary carries more load than the
             verdicts = [v for v in verdicts if v.metric == "errors"]  # stable did then; only errors compare
         checks += 1
@@ -161,7 +165,8 @@ def hold_step(stable: str, canary: str, index: int, step: CanaryStep, plan: Cana
         figures = source.figures(start, source.mark(), [stable, canary])
         report = StepReport(index=index, percent=step.percent, started_at=started_at, elapsed_s=elapsed, checks=checks,
                             canary=figures[canary], stable=figures[stable], baseline_step=baseline_step,
-                            verdicts=verdicts, baseline_samples=baseline, passed=False)
+                            verdicts=verdicts, baseline_samples=baseline, passed=False,
+                            error_counts=ErrorCounts.of(seen, judged) if baseline_step == index else None)
         report.gate = gates.validate(judge_table([*done, report]))
         report.passed = report.gate.success
         return report
@@ -173,6 +178,12 @@ def step_horizon(canary_requests: int, elapsed_s: float, step: CanaryStep) -> in
     it passes in seconds. Arrivals say nothing of how the canary behaves, so fixing the horizon on them keeps the
     judge's guarantee."""
     return math.ceil(canary_requests / max(elapsed_s, 1e-3) * step.hold_s)
+
+
+def _carried(done: list[StepReport], baseline_step: int) -> list[ErrorCounts]:
+    """The earlier steps' error counts for this step's error test: every step judged against its own stable
+    samples, but the one whose samples this step borrows (counted once, here)."""
+    return [s.error_counts for s in done if s.error_counts is not None and s.index != baseline_step]
 
 
 def _baseline(stable: list[Sample], index: int, plan: CanaryPlan, done: list[StepReport]) -> tuple[list[Sample], int]:

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from engine.canary.judge import (JudgeConfig, Samples, SequentialJudge, error_test, look_level, shift_test, spending,
-                                 step_verdict)
+from engine.canary.judge import (ErrorCounts, JudgeConfig, Samples, SequentialJudge, error_test, look_level, shift_test,
+                                 spending, step_verdict)
 from engine.router.samples import Sample
 from harness.canary import SHARED_CORES_JUDGE as SHARED
 
@@ -121,30 +121,31 @@ def test_no_data_is_no_pass_and_nothing_new_spends_nothing():
     assert again == first and first[0].alpha_spent > 0
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("share", [0.05, 0.25, 0.5])
-def test_simulated_canaries_meet_the_issue_rates(share):
-    """1500 seeded runs each, at a 5, 25 and 50 % canary step: false rollbacks <= 5 % and a 30 % slower TTFT caught
-    within 200 canary requests >= 95 %; the threshold gates roll back more good canaries and catch fewer slow ones."""
-    runs, at = 1500, {"canary_share": share}
-    good = simulate(SCENARIOS["good, 1 % errors"].model_copy(update=at), runs, seed=11)
-    slow = simulate(SCENARIOS["slow"].model_copy(update=at), runs, seed=12)
-    assert good.judge_fail <= 0.05 and good.judge_pass >= 0.95, good
-    assert slow.judge_fail >= 0.95, slow
-    assert good.thresholds_fail > good.judge_fail and slow.thresholds_fail < slow.judge_fail
+PLAN = [0.05, 0.25, 0.5]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("share", [
-    0.05,
-    pytest.param(0.25, marks=pytest.mark.xfail(strict=True, reason="issue #42: 94.0 % in 2,000 runs, target 95 %")),
-    pytest.param(0.5, marks=pytest.mark.xfail(strict=True, reason="issue #42: 71.6 % in 2,000 runs, target 95 %")),
-])
-def test_simulated_erroring_canaries_are_caught(share):
-    """2 % errors against none caught within 300 canary requests in >= 95 % of 1500 seeded runs; the larger shares
-    fall short (see README: two errors against none cannot be told from chance at the level left)."""
-    errors = simulate(SCENARIOS["errors"].model_copy(update={"canary_share": share}), 1500, seed=13)
-    assert errors.judge_fail >= 0.95, errors
+def test_simulated_canaries_meet_the_issue_rates():
+    """1500 seeded rollouts through 5, 25 and 50 % steps: at each step false rollbacks <= 5 % and a 30 % slower
+    TTFT caught within 200 canary requests >= 95 %; the threshold gates roll back more good canaries and catch
+    fewer slow ones."""
+    good = simulate(SCENARIOS["good, 1 % errors"], PLAN, 1500, seed=11)
+    slow = simulate(SCENARIOS["slow"], PLAN, 1500, seed=12)
+    for g, s in zip(good, slow):
+        assert g.judge_fail <= 0.05 and g.judge_pass >= 0.95, g
+        assert s.judge_fail >= 0.95, s
+        assert g.thresholds_fail > g.judge_fail and s.thresholds_fail < s.judge_fail
+
+
+@pytest.mark.slow
+def test_simulated_erroring_canaries_are_caught_at_every_step():
+    """2 % errors against none caught within 300 canary requests in >= 95 % of 1500 seeded rollouts at each step,
+    the earlier steps' counts carried; alone, the 50 % step's own counts catch under 80 % (no test of one step's
+    counts can reach 95 % there: benchmarks/canary_judge.py's `error tests` column)."""
+    rates = simulate(SCENARIOS["errors"], PLAN, 1500, seed=13)
+    for r in rates:
+        assert r.judge_fail >= 0.95 and r.by_step_fail >= 0.95, r
+    assert rates[-1].alone_fail < 0.8, rates[-1]
 
 
 def test_a_long_schedule_of_looks_needs_no_deep_recursion():
@@ -207,3 +208,70 @@ def test_a_slow_canary_still_fails_on_tpot_against_a_bursty_baseline():
     bursting = _requests(rng, 40, _bursts(rng, 40))
     verdicts = {v.metric: v for v in SequentialJudge(SHARED).look(bursting, baseline)}
     assert verdicts["tpot"].verdict == "inconclusive" and verdicts["tpot"].canary_n == 0
+
+
+def test_earlier_steps_errors_carry_into_a_step_s_error_test():
+    """Two canary errors against none at a 50 % step is chance (mid-p 0.125); the same after a 5 % step that saw
+    two canary errors against none in 5,700 baseline requests is not. The law of the sum over strata is checked
+    against direct enumeration of the two binomials."""
+    alone = error_test(2, 300, 0, 300, ratio=1.0, excess=0.01, level=0.02)
+    earlier = ErrorCounts(canary_errors=2, canary_n=300, baseline_errors=0, baseline_n=5700)
+    carried = error_test(2, 300, 0, 300, ratio=1.0, excess=0.01, level=0.02, carried=[earlier])
+    assert alone.p_value == pytest.approx(0.125) and not alone.fail
+    p = 0.5 * 0.05 ** 2 * 0.5 ** 2  # 4 errors in all: both strata's errors on the canary side, the mid-p's half
+    assert carried.p_value == pytest.approx(p) and carried.fail
+    assert carried.estimate == alone.estimate and carried.high == alone.high  # bounds: this step's own rate
+    mixed = ErrorCounts(canary_errors=1, canary_n=100, baseline_errors=3, baseline_n=300)
+    r = error_test(2, 200, 1, 100, ratio=1.0, excess=0.01, level=0.05, carried=[mixed])
+    law = {}
+    for a in range(5):
+        for b in range(4):
+            law[a + b] = law.get(a + b, 0.0) + stats.binom.pmf(a, 4, 0.25) * stats.binom.pmf(b, 3, 2 / 3)
+    assert r.p_value == pytest.approx(sum(v for k, v in law.items() if k > 3) + 0.5 * law[3])
+
+
+def test_a_rise_in_errors_on_both_sides_between_steps_fails_no_canary():
+    """Strata, not pooled counts: an upstream fault that makes every request of step 2 fail 5 % of the time (both
+    groups alike) after a clean step 1 is no evidence against the canary; pooled, its share of all errors would be
+    far above its share of all requests."""
+    clean = ErrorCounts(canary_errors=0, canary_n=300, baseline_errors=0, baseline_n=5700)
+    r = error_test(8, 150, 22, 450, ratio=1.0, excess=0.01, level=0.02, carried=[clean])
+    assert not r.fail and r.p_value > 0.3
+    pooled = error_test(8, 450, 22, 6150, ratio=1.0, excess=0.01, level=0.02)
+    assert pooled.fail  # what a pooled test would have done
+
+
+def test_carried_errors_keep_the_error_test_within_its_alpha_over_repeated_looks():
+    """1,000 seeded steps of a canary as good as its baseline (1 % errors both sides), looked at every 10 canary
+    requests over 200, each carrying two earlier steps' counts of the same rates: the error test fails in about
+    its share of alpha, no more."""
+    config = JudgeConfig()
+    share = config.alpha * config.error_alpha_share
+    rng = np.random.default_rng(21)
+    nan = np.full(600, np.nan)
+    failed = 0
+    for _ in range(1000):
+        carried = [ErrorCounts(canary_errors=int(rng.binomial(n, 0.01)), canary_n=n,
+                               baseline_errors=int(rng.binomial(m, 0.01)), baseline_n=m)
+                   for n, m in ((300, 5700), (300, 900))]
+        canary, baseline = rng.random(200) >= 0.01, rng.random(200) >= 0.01
+        judge = SequentialJudge(config, horizon=200)
+        for seen in range(20, 201, 10):
+            c, b = Samples(canary[:seen], *(nan[:seen],) * 3), Samples(baseline[:seen], *(nan[:seen],) * 3)
+            if next(v for v in judge.look(c, b, bounds=False, carried=carried) if v.metric == "errors").verdict == "fail":
+                failed += 1
+                break
+    assert failed / 1000 <= share + 0.01, (failed, share)
+
+
+def test_the_error_counts_are_checked_and_carrying_can_be_switched_off():
+    with pytest.raises(ValueError, match="more errors than requests"):
+        ErrorCounts(canary_errors=5, canary_n=4, baseline_errors=0, baseline_n=10)
+    earlier = [ErrorCounts(canary_errors=6, canary_n=300, baseline_errors=0, baseline_n=300)]
+    step = Samples(np.r_[np.zeros(2, bool), np.ones(48, bool)], *(np.full(50, np.nan),) * 3)
+    base = Samples(np.ones(50, bool), *(np.full(50, np.nan),) * 3)
+    on = next(v for v in SequentialJudge(JudgeConfig(), horizon=50).look(step, base, carried=earlier) if v.metric == "errors")
+    off = next(v for v in SequentialJudge(JudgeConfig(carry_errors=False), horizon=50).look(step, base, carried=earlier)
+               if v.metric == "errors")
+    assert on.verdict == "fail" and on.carried_steps == 1 and "6 canary errors in 300 requests carried" in on.why
+    assert off.verdict != "fail" and off.carried_steps == 0

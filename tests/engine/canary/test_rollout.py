@@ -11,8 +11,8 @@ import time
 
 from engine.canary import CanaryPlan, CanaryStep, DirectSource, PrometheusSource
 from engine.canary.gates import GateSuite
-from engine.canary.judge import JudgeConfig
-from engine.canary.rollout import conclude, hold_step, shift_weights, step_horizon
+from engine.canary.judge import ErrorCounts, JudgeConfig
+from engine.canary.rollout import StepReport, _carried, conclude, hold_step, shift_weights, step_horizon
 from engine.canary.samples import RouterSamples
 from engine.server.faults import INJECTED_CODE
 from engine.group.manager import GroupState
@@ -163,6 +163,8 @@ def test_a_healthy_canary_passes_and_is_promoted(fleet, load):
                                                              for v in first.verdicts)
     assert last.baseline_step == 0  # no stable traffic at 100 %: errors judged against the 50 % step
     assert [v.metric for v in last.verdicts] == ["errors"]  # latency only against a concurrent baseline
+    assert first.error_counts.canary_n >= 20 and last.error_counts is None  # 100 %: its baseline is borrowed
+    assert last.verdicts[0].carried_steps == 0  # so step 0's counts are not carried (its baseline counted once)
     assert report.decision == "promoted" and report.weights["good"] == 100 and "stable" not in report.weights
     stable = fleet.gs.manager.groups["stable"]
     assert stable.status.state == GroupState.STANDBY  # parked in the warm pool
@@ -176,3 +178,16 @@ def test_a_healthy_canary_passes_and_is_promoted(fleet, load):
 def test_a_step_s_horizon_is_its_hold_at_the_canary_s_arrival_rate():
     assert step_horizon(30, 3.0, CanaryStep(percent=5, hold_s=60)) == 600
     assert step_horizon(20, 0.0, CanaryStep(percent=50, hold_s=1)) >= 20  # a burst at once: bounded, not a division by 0
+
+
+def test_a_step_carries_the_earlier_steps_error_counts_but_never_a_borrowed_baseline_s():
+    """Steps 0 and 1 were judged against their own stable samples, step 2 had no concurrent baseline (none
+    recorded): step 3 judged against its own carries 0 and 1; a 100 % step borrowing step 1's baseline carries 0."""
+    def report(index: int, errors: int | None) -> StepReport:
+        counts = None if errors is None else ErrorCounts(canary_errors=errors, canary_n=100, baseline_errors=0,
+                                                         baseline_n=900)
+        return StepReport.model_construct(index=index, error_counts=counts)
+
+    done = [report(0, 1), report(1, 2), report(2, None)]
+    assert [c.canary_errors for c in _carried(done, baseline_step=3)] == [1, 2]
+    assert [c.canary_errors for c in _carried(done, baseline_step=1)] == [1]
