@@ -12,7 +12,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 import jinja2
-from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
 from engine.errors import TideflowError
 from engine.process import Child, free_port, wait_http_ok
@@ -28,8 +28,19 @@ class ScrapeJob(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     name: str = Field(pattern=r"^[a-zA-Z_][a-zA-Z0-9_-]*$", description="job label of the scraped series")
-    targets: list[str] = Field(min_length=1, description="host:port of each /metrics endpoint")
+    targets: list[str] = Field(default_factory=list, description="host:port of each /metrics endpoint")
+    sd_url: str | None = Field(None, pattern=r"^https?://\S+$",
+                               description="or where Prometheus asks for them (HTTP service discovery: the "
+                                           "controller's /v1/targets?job=..., with the same key)")
     key: SecretStr = Field(description="bearer key the targets' /metrics require")
+    sd_key: SecretStr | None = Field(None, description="bearer key of the discovery URL (None: `key`); the "
+                                                       "controller takes its client key, not the members'")
+
+    @model_validator(mode="after")
+    def _targets_or_discovery(self) -> "ScrapeJob":
+        if bool(self.targets) == bool(self.sd_url):
+            raise ValueError("a scrape job needs static targets or an sd_url (one of them)")
+        return self
 
 
 class PrometheusSetup(BaseModel):
@@ -40,17 +51,25 @@ class PrometheusSetup(BaseModel):
 
 
 def render_config(jobs: list[ScrapeJob], scrape_interval_s: float, key_dir: Path) -> str:
-    """prometheus.yml text from the template; writes each job's key to key_dir/<job>.key (mode 0600)."""
+    """prometheus.yml text from the template; writes each job's key to key_dir/<job>.key (and a discovery key
+    to <job>.sd.key), mode 0600."""
     key_dir.mkdir(parents=True, exist_ok=True)
     rendered = []
     for job in jobs:
-        path = key_dir / f"{job.name}.key"
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(job.key.get_secret_value())
-        rendered.append({"name": job.name, "targets": job.targets, "credentials_file": str(path)})
+        path, sd_path = key_dir / f"{job.name}.key", key_dir / f"{job.name}.sd.key"
+        _write_secret(path, job.key)
+        if job.sd_url:
+            _write_secret(sd_path, job.sd_key or job.key)
+        rendered.append({"name": job.name, "targets": job.targets, "sd_url": job.sd_url, "credentials_file": str(path),
+                         "sd_credentials_file": str(sd_path)})
     template = jinja2.Template(TEMPLATE.read_text(), undefined=jinja2.StrictUndefined)
     return template.render(jobs=rendered, scrape_interval_s=f"{scrape_interval_s:g}", scrape_timeout_s=f"{scrape_interval_s:g}")
+
+
+def _write_secret(path: Path, secret: SecretStr) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(secret.get_secret_value())
 
 
 def groupset_jobs(groupset) -> list[ScrapeJob]:

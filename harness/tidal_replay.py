@@ -60,7 +60,7 @@ def replay_day(gs: LocalGroupSet, template: InferenceGroup, policy: ScalingPolic
                settle_timeout_s: float = 300.0) -> TidalReport:
     """Bring the pool up (warm pool filled), replay the trace under the autoscaler, park and stop everything."""
     pool = WarmPool(gs.manager, template, policy.bounds, policy.warm_pool, drain_s=30)
-    observer = SetObserver(gs.url, gs.client_key, gs.member_key,
+    observer = SetObserver(lambda: [gs.url], gs.client_key, gs.member_key,
                            lambda: [m.endpoint for g in pool.serving() for m in g.status.members if m.endpoint])
     try:
         pool.scale_to(max(policy.bounds.min_groups, 1))

@@ -23,7 +23,7 @@ from tasks.retry import BACKOFF, JITTER
 def _source(client: ControlClient, prometheus_url: str | None):
     if prometheus_url:
         return PrometheusSource(prometheus_url)
-    return DirectSource.for_controller(client, client.status().router_url, discovery.router_key())
+    return DirectSource.for_controller(client, discovery.router_key())
 
 
 @task(name="shift_traffic", retries=2, retry_delay_seconds=BACKOFF, retry_jitter_factor=JITTER, timeout_seconds=60)
@@ -42,9 +42,8 @@ def collect_metrics(stable: str, canary: str, index: int, step: CanaryStep, plan
     as soon as the evidence is clear; the suite runs on the judge table at the step's end."""
     logger = get_run_logger()
     with ControlClient.connect() as client:
-        router_url = client.status().router_url
         source = _source(client, prometheus_url)
-        samples = RouterSamples(router_url, discovery.router_key(), [stable, canary])
+        samples = RouterSamples(lambda: client.status().replica_urls(), discovery.router_key(), [stable, canary])
         try:
             report = hold_step(stable, canary, index, step, plan, source, samples, GateSuite(plan.suite_path()), done,
                                lambda e: logger.info("step %d %s: %s", e.step, e.kind, e.message))

@@ -18,6 +18,7 @@ import time
 from collections import defaultdict
 from typing import Callable, Protocol
 
+import httpx
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import BaseModel, Field
 
@@ -136,12 +137,15 @@ def totals_from_exposition(texts: list[str]) -> dict[str, Totals]:
 
 
 class DirectSource:
-    """Scrapes the router's /metrics at each mark, plus the members' expositions from `member_texts`
-    (the members' key stays with whoever runs them: a group set in this process, or the controller)."""
+    """Scrapes every router replica's /metrics at each mark (each where it alone answers, summed), plus the
+    members' expositions from `member_texts` (the members' key stays with whoever runs them: a group set in this
+    process, or the controller). A replica that died between two marks takes its counts with it: the step's
+    figures are for people, the judge reads samples."""
 
-    def __init__(self, router_url: str, router_key: str, member_texts: Callable[[], list[str]] | None = None,
-                 timeout_s: float = 5.0) -> None:
-        self.router_url, self.member_texts = router_url.rstrip("/"), member_texts
+    def __init__(self, router_urls: str | Callable[[], list[str]], router_key: str,
+                 member_texts: Callable[[], list[str]] | None = None, timeout_s: float = 5.0) -> None:
+        self.router_urls = (lambda: [router_urls]) if isinstance(router_urls, str) else router_urls
+        self.member_texts = member_texts
         self._client = bearer_client(router_key, timeout_s=timeout_s)
         self._closers: list[Callable[[], None]] = []
 
@@ -154,15 +158,24 @@ class DirectSource:
         return source
 
     @classmethod
-    def for_controller(cls, client, router_url: str, router_key: str) -> "DirectSource":
-        """Router scraped here; members scraped by the controller, which holds their key."""
-        return cls(router_url, router_key, client.member_metrics)
+    def for_controller(cls, client, router_key: str) -> "DirectSource":
+        """Router replicas (as the controller lists them) scraped here; members scraped by the controller, which
+        holds their key."""
+        return cls(lambda: client.status().replica_urls(), router_key, client.member_metrics)
 
     def mark(self) -> Mark:
         at = time.time()
-        r = self._client.get(self.router_url + "/metrics")
-        r.raise_for_status()
-        texts = [r.text, *(self.member_texts() if self.member_texts is not None else [])]
+        texts, urls = [], self.router_urls()
+        for url in urls:
+            try:
+                r = self._client.get(url.rstrip("/") + "/metrics")
+            except httpx.TransportError:
+                if url == urls[-1] and not texts:
+                    raise
+                continue  # a replica gone since the controller listed it
+            r.raise_for_status()
+            texts.append(r.text)
+        texts += self.member_texts() if self.member_texts is not None else []
         return Mark(at=at, totals=totals_from_exposition(texts))
 
     def figures(self, start: Mark, end: Mark, groups: list[str]) -> dict[str, GroupFigures]:

@@ -12,12 +12,14 @@ from fastapi import APIRouter, Depends, FastAPI, Path, Query, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from engine.control.audit_http import AuditMiddleware
 from engine.control.controller import ControlError, Controller
 from engine.control.routes import NotPublished
 from engine.control.models import (ApplyGroup, AutoscalerBody, AutoscalerView, CanaryRecord, FleetStatus,
                                    GroupView, Killed, KillMember, Lease, LeaseRequest, ParkBody, ScalePool, Seconds,
                                    WeightsBody, WeightsSet)
 from engine.control.store import Event
+from engine.control.targets import Job, TargetGroup
 from engine.router.registry import GROUP_NAME_PATTERN
 from engine.router.sync import RouteSet, RouterReport
 from engine.scaling.pool import ScaleResult
@@ -34,6 +36,7 @@ def create_control_app(controller: Controller, on_down: Callable[[], None], body
     router_auth = BearerAuth([controller.routes_key, controller.admin_key])  # router replicas: the route set only
     app = FastAPI(title="tideflow controller", docs_url=None, redoc_url=None, openapi_url=None)
     app.add_middleware(BodyLimit, max_bytes=1 << 20, read_timeout_s=body_timeout_s)  # specs and small bodies only
+    app.add_middleware(AuditMiddleware, audit=controller.audit, roles=controller.key_roles)  # outermost: sees all
     publish_openapi(app, auth)
     install_error_handlers(app)
     api = APIRouter(dependencies=[Depends(auth)])
@@ -150,6 +153,11 @@ def create_control_app(controller: Controller, on_down: Callable[[], None], body
     def report(body: RouterReport) -> dict:
         controller.routes.report(body)
         return {"revision": controller.routes.revision}
+
+    @app.get("/v1/targets", dependencies=[Depends(BearerAuth([controller.client_key, controller.admin_key]))])
+    def targets(job: Job) -> list[TargetGroup]:
+        """Prometheus HTTP service discovery (http_sd_configs), with the key it scrapes the router with."""
+        return controller.scrape_targets(job)
 
     @api.get("/v1/metrics/members")
     def member_metrics() -> dict:

@@ -28,10 +28,10 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
     c.add_argument("--host", default="127.0.0.1", help="bind address of the API, the router and the members")
     c.add_argument("--port", type=int, default=0, help="control API port (default: the last one, else any free)")
     c.add_argument("--router-port", type=int, default=0, help="router port (default: the last one, else any free)")
-    c.add_argument("--router-replicas", type=int, default=1,
+    c.add_argument("--router-replicas", type=int, default=2,
                    help="local: router processes sharing the router port (SO_REUSEPORT); one that dies is started "
-                        "again and the others serve meanwhile. Each keeps its own metrics and canary samples, "
-                        "which a scrape or the canary judge through the shared port reads from one replica only")
+                        "again and the others serve meanwhile. Each also answers on a port of its own, where the "
+                        "canary judge, the autoscaler and Prometheus (GET /v1/targets) read its metrics and samples")
     c.add_argument("--router-arg", action="append", default=[], metavar="ARG",
                    help="local: one more `tideflow router` flag for every replica (repeatable), e.g. "
                         "--router-arg=--kv-routing=approximate")

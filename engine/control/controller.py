@@ -23,7 +23,9 @@ from engine.control.metrics import CanaryGauge, ControllerMetrics, FleetSnapshot
 from engine.control.models import (ApplyGroup, AutoscalerBody, AutoscalerView, CanaryRecord, FleetStatus, GroupView,
                                    DesiredView, Killed, KillMember, Lease, LeaseRequest, MemberView, ScalePool,
                                    WeightsSet)
-from engine.control.routes import RouteTable
+from engine.control.audit import AUDIT_FILE, AuditLog
+from engine.control.routes import RouteTable, replica_urls
+from engine.control.targets import Job, TargetGroup, scrape_targets
 from engine.control.local_runtime import LocalRuntime
 from engine.control.runtime import ControllerConfig, Runtime
 from engine.control.store import DesiredGroup, GroupDecision, effective
@@ -33,10 +35,12 @@ from engine.group.manager import GroupManager, GroupState, ManagedGroup
 from engine.group.spec import InferenceGroup
 from engine.http import bearer_client
 from engine.router.admin import RouterAdminError, scrape_members
+from engine.paths import home
 from engine.scaling.autoscaler import Autoscaler, AutoscalerStopped
 from engine.scaling.observe import SetObserver
 from engine.scaling.policy import Bounds
 from engine.scaling.pool import ScaleResult, WarmPool
+from engine.server.auth import key_digest
 from engine.transfer.shm import reap_orphan_segments
 
 log = logging.getLogger(__name__)
@@ -68,6 +72,7 @@ class Controller:
         self.routes_key = self.store.secret("routes")  # router replicas -> the route set, nothing else
         self._member_key = self.store.secret("member")  # router and controller -> members only
         self.routes = RouteTable()
+        self.audit = AuditLog(home() / AUDIT_FILE)  # every control action and refused call (engine.control.audit)
         self._lock = threading.RLock()  # one mutation at a time: API calls and reconcile passes
         self._lease_lock = threading.Lock()  # the lease alone: a renewal never waits behind a long scale
         # desired state's read-modify-writes (a delete against a replacement's write-back on a supervisor thread,
@@ -466,7 +471,8 @@ class Controller:
         with self._lock:
             old = self._detach_autoscaler(name)
             pool = self._pool(body.template, body.policy.bounds, body.policy.warm_pool)
-            observer = SetObserver(self.router_url, self.client_key, self._member_key,
+            observer = SetObserver(lambda: replica_urls(self.routes.replicas(), self.router_url), self.client_key,
+                                   self._member_key,
                                    lambda: [m.endpoint for g in pool.serving() for m in g.status.members if m.endpoint])
             locked = _LockedPool(self, pool)
             scaler = locked.scaler = Autoscaler(locked, body.policy, observe=observer if body.policy.metrics else None)
@@ -621,6 +627,16 @@ class Controller:
         # Starting before it takes a new handle, and its members are observed anew before it is Ready again)
         return [(g.spec, g.status.handle.id, list(g.status.members)) for g in groups
                 if g.status.state in (GroupState.READY, GroupState.STANDBY) and g.status.handle is not None]
+
+    def key_roles(self) -> dict[str, str]:
+        """Each key's digest -> the role the audit log names it by (the keys themselves never leave here)."""
+        return {key_digest(self.admin_key): "admin", key_digest(self.client_key): "client",
+                key_digest(self.routes_key): "routes"}
+
+    def scrape_targets(self, job: Job) -> list[TargetGroup]:
+        """What Prometheus should scrape for `job` now (engine.control.targets)."""
+        members = [m.endpoint for _, _, ms in self._running_groups() for m in ms if m.endpoint]
+        return scrape_targets(job, replica_urls(self.routes.replicas(), self.router_url), members)
 
     def member_metrics(self) -> list[str]:
         """Prometheus expositions of every routed member (the canary's direct source reads them)."""

@@ -8,6 +8,7 @@ from pydantic import BaseModel, Field
 
 from engine.control.conditions import Condition
 from engine.control.expert_moves import ExpertMoves
+from engine.control.routes import replica_urls
 from engine.control.store import GroupDecision
 from engine.group.manager import GroupState
 from engine.group.spec import InferenceGroup, Role
@@ -150,6 +151,10 @@ class FleetStatus(BaseModel):
     router_replicas: list[dict] = Field(default_factory=list, description="router replicas watching the route set now")
     controller_pid: int
     groups: list[GroupView]
+
+    def replica_urls(self) -> list[str]:
+        """Where each live router replica alone answers (engine.control.routes.replica_urls)."""
+        return replica_urls(self.router_replicas, self.router_url)
     canary: CanaryRecord | None = Field(None, description="the latest canary rollout")
     lease: Lease | None = Field(None, description="the flow run changing the fleet now, if any")
 

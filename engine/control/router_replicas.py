@@ -121,7 +121,8 @@ class RouterReplicas:
 
     def _start(self, slot: int) -> tuple[int, Child]:
         s = self.settings
-        argv = tideflow_argv("router", "--host", s.host, "--port", str(self.port), "--reuse-port", "--model-name",
+        argv = tideflow_argv("router", "--host", s.host, "--port", str(self.port), "--reuse-port", "--replica-port", "0",
+                             "--model-name",
                              s.model_name, "--model-dir", str(s.model_dir), "--controller-url", s.controller_url,
                              *loopback_members(s.host), *s.args)
         child = Child(f"router-{slot}", argv, home() / "logs" / f"router-{self.port}-{slot}.log", s.env)

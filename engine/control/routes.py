@@ -19,6 +19,14 @@ from engine.router.sync import RouteSet, RouterReport
 REPLICA_TTL_S = 3.0  # a replica that has not reported for this long is taken for gone
 
 
+def replica_urls(replicas: list[dict], shared_url: str) -> list[str]:
+    """Where each live router replica alone answers (`replicas` as RouteTable.replicas() lists them): its metrics
+    and canary samples are read there, since the shared port reaches whichever replica the kernel picks. The
+    shared URL when none reports such a place (one router, or routers started before replicas had ports of
+    their own)."""
+    return sorted({r["url"] for r in replicas if r.get("url")}) or [shared_url]
+
+
 class NotPublished(Exception):
     """The controller is still adopting what runs: a router must keep the route set it has."""
 
@@ -141,7 +149,7 @@ class RouteTable:
     def replicas(self) -> list[dict]:
         with self._cond:
             now = time.monotonic()
-            return [{"replica": r.replica, "revision": r.revision, "seen_s_ago": round(now - at, 2)}
+            return [{"replica": r.replica, "revision": r.revision, "url": r.url, "seen_s_ago": round(now - at, 2)}
                     for at, r in self._reports.values() if now - at < REPLICA_TTL_S]
 
     def _live(self) -> list[RouterReport]:

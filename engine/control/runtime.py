@@ -32,11 +32,12 @@ class ControllerConfig(BaseModel):
     host: str = Field("127.0.0.1", description="bind address of the controller API (local: also the router and members)")
     port: int = Field(0, ge=0, le=65535, description="controller API port (0 = the one it had, else any free port)")
     router_port: int = Field(0, ge=0, le=65535, description="local: router port (0 = the one it had, else any free port)")
-    router_replicas: int = Field(1, ge=1, le=16, description="local: router processes sharing the router port "
-                                                            "(SO_REUSEPORT); one that dies is started again. Each "
-                                                            "keeps its own metrics and canary samples, which a "
-                                                            "scrape or the canary judge through the shared port "
-                                                            "reads from one replica only")
+    router_replicas: int = Field(2, ge=1, le=16, description="local: router processes sharing the router port "
+                                                            "(SO_REUSEPORT); one that dies is started again while "
+                                                            "the others serve. Each also answers on a port of its "
+                                                            "own, where the canary judge, the autoscaler and "
+                                                            "Prometheus (GET /v1/targets) read its metrics and "
+                                                            "samples")
     router_args: list[str] = Field(default_factory=list, description="local: extra `tideflow router` flags")
     router_url: str = Field("http://tideflow-router:8000",
                             description="kubernetes: the router Service clients use (reported by status)")

@@ -21,6 +21,7 @@ import time
 from datetime import datetime
 from typing import Callable, Literal
 
+import httpx
 import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import BaseModel, Field
@@ -148,7 +149,9 @@ async def _one(client: ControlClient, spec: FaultDrillSpec, repeat: int) -> Faul
     status = client.status()
     router_url, routers_before = status.router_url, len(status.router_pids)
     load_spec = spec.load.model_copy(update={"seed": spec.load.seed + repeat, "temperature": 0.0})
-    migrated_before = await asyncio.to_thread(_migrations, load_spec)
+    routers = status.replica_urls() if load_spec.base_url.removesuffix("/v1") == router_url else [
+        load_spec.base_url.removesuffix("/v1")]  # this fleet's router: every replica, where it alone answers
+    migrated_before = await asyncio.to_thread(_migrations, load_spec, routers)
     flowing = threading.Event()
     load = asyncio.create_task(run_load_drill_async(load_spec, flowing=flowing))
     while not flowing.is_set() and not load.done():  # the schedule is built first: time the kill from the first send
@@ -173,7 +176,13 @@ async def _one(client: ControlClient, spec: FaultDrillSpec, repeat: int) -> Faul
         eject_s = await _until(lambda: not _routable(client, spec.group), spec.recovery_timeout_s, t_kill)
         recover_s = await _until(lambda: _rebuilt(client, spec.group, before), spec.recovery_timeout_s, t_kill)
     report = await load
-    migrated = await asyncio.to_thread(_migrations, load_spec) - migrated_before
+    if routers != [router_url]:
+        try:
+            routers = client.status().replica_urls()  # a replica started again since: a new port of its own
+        except ControlAPIError:
+            pass  # the controller is not back: the replicas it listed before
+    migrated_after = await asyncio.to_thread(_migrations, load_spec, routers)
+    migrated = sum(max(0.0, n - migrated_before.get(url, 0.0)) for url, n in migrated_after.items())
     after = {m.id for m in client.group(spec.group).members if m.id} if recover_s is not None else set()
     all_new = bool(after) and after.isdisjoint(before or ids_before)
     kill_s = wall_kill - datetime.fromisoformat(report.started_at).timestamp()
@@ -233,13 +242,21 @@ def token_diff(reference: list[str], got: list[str]) -> tuple[int, int]:
     return lost, duplicated
 
 
-def _migrations(load: LoadDrillSpec) -> float:
-    """The router's tideflow_router_migrations_total, all groups and reasons (0 before any)."""
+def _migrations(load: LoadDrillSpec, routers: list[str]) -> dict[str, float]:
+    """Each router replica's tideflow_router_migrations_total, all groups and reasons (0 before any); a replica
+    that does not answer (killed by the drill) is left out."""
     key = os.environ.get(load.api_key_env, "") if load.api_key_env else None
+    out = {}
     with bearer_client(key or None, timeout_s=10.0) as http:
-        text = http.get(load.base_url.removesuffix("/v1") + "/metrics").raise_for_status().text
-    return sum(s.value for family in text_string_to_metric_families(text)
-               if family.name == "tideflow_router_migrations" for s in family.samples if s.name.endswith("_total"))
+        for url in routers:
+            try:
+                text = http.get(url + "/metrics").raise_for_status().text
+            except httpx.TransportError:
+                continue
+            out[url] = sum(s.value for family in text_string_to_metric_families(text)
+                           if family.name == "tideflow_router_migrations" for s in family.samples
+                           if s.name.endswith("_total"))
+    return out
 
 
 def _pct(values: list[float], q: float) -> float | None:

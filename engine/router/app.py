@@ -80,7 +80,8 @@ def create_router_app(config: RouterConfig, api_keys: list[str | ApiKey], admin_
             sync = None
             if config.controller_url:
                 sync = ControllerSync(registry, config.controller_url, routes_key,
-                                      config.advertise or f"{config.host}:{config.port}", accept=outside_networks)
+                                      config.advertise or f"{config.host}:{config.port}", accept=outside_networks,
+                                      url=config.replica_url)
                 sync.start()
             monitor.start()
             try:

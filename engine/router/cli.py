@@ -35,6 +35,12 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--controller-url", default=None,
                    help="take the groups from this controller (key in $TIDEFLOW_ROUTES_KEY); its admin API is then read-only")
     p.add_argument("--advertise", default=None, help="how this replica names itself to the controller (default host:port)")
+    p.add_argument("--replica-port", type=int, default=None,
+                   help="also listen on this port of --host, this replica's own (0: any free port), and report it to the "
+                        "controller: with --reuse-port the shared port reaches any replica, this one only this one")
+    p.add_argument("--replica-url", default=None,
+                   help="report this URL as where this replica alone answers (a pod's own address, e.g. "
+                        "http://$(POD_IP):8000); default: its --replica-port")
     p.add_argument("--max-body-bytes", type=int, default=8 << 20, help="largest request body accepted (413 above)")
     p.add_argument("--kv-routing", choices=["precise", "approximate", "least-queued"], default="precise",
                    help="place prompts on a group's members by the KV blocks each holds (precise: the members' KV "
@@ -52,7 +58,7 @@ def _run(args: argparse.Namespace) -> int:
     import gc
     import os
 
-    from engine.server.connections import run_server
+    from engine.server.connections import STARTUP_FAILURE, listening_socket, run_server
 
     from engine.router.app import ADMIN_KEYS_ENV, UPSTREAM_KEY_ENV, create_router_app, keys_from_env
     from engine.router.config import RouterConfig
@@ -60,6 +66,16 @@ def _run(args: argparse.Namespace) -> int:
     from engine.router.sync import ROUTES_KEY_ENV
     from engine.server.auth import load_api_keys
 
+    own = None  # this replica's own listener, beside the (shared) port
+    replica_url = args.replica_url
+    if args.replica_port is not None:
+        try:
+            own = listening_socket(args.host, args.replica_port, False)
+        except OSError as exc:
+            print(f"tideflow router: cannot bind {args.host}:{args.replica_port}: {exc}", file=sys.stderr)
+            return STARTUP_FAILURE
+        host = f"[{args.host}]" if ":" in args.host else args.host
+        replica_url = replica_url or f"http://{host}:{own.getsockname()[1]}"
     config = RouterConfig(host=args.host, port=args.port, reuse_port=args.reuse_port, model_name=args.model_name, model_dir=args.model_dir,
                           rate_limit_rps=args.rate_limit_rps, request_timeout_s=args.request_timeout_s,
                           max_attempts=args.max_attempts, migration_limit=args.migration_limit,
@@ -68,7 +84,7 @@ def _run(args: argparse.Namespace) -> int:
                           max_body_bytes=args.max_body_bytes, prompt_workers=args.prompt_workers,
                           max_open_per_key=args.max_open_per_key or None,
                           member_networks=args.member_network,
-                          controller_url=args.controller_url, advertise=args.advertise,
+                          controller_url=args.controller_url, advertise=args.advertise, replica_url=replica_url,
                           kv_routing=KVRoutingConfig(mode=args.kv_routing),
                           connections=connection_limits.from_args(args))
     try:
@@ -84,5 +100,5 @@ def _run(args: argparse.Namespace) -> int:
     gc.collect()
     gc.freeze()
     run_server(app, config.connections, host=config.host, port=config.port, reuse_port=config.reuse_port,
-               log_level="warning", timeout_graceful_shutdown=5)
+               own_socket=own, log_level="warning", timeout_graceful_shutdown=5)
     return 0

@@ -54,5 +54,10 @@ class RouterConfig(BaseModel):
         None, description="take the groups from this controller (watch) instead of the admin API; keeps the last "
                           "route set while the controller is away")
     advertise: str | None = Field(None, description="how this replica names itself to the controller (default host:port)")
+    replica_url: str | None = Field(
+        None, pattern=r"^https?://[^/\s]+$",
+        description="where this replica alone answers (a port of its own beside a shared one, or its pod's address): "
+                    "reported to the controller, so a scrape and the canary judge read every replica's metrics and "
+                    "samples, not whichever one the shared port picks")
     kv_routing: KVRoutingConfig = Field(default_factory=KVRoutingConfig,
                                         description="placing prompts by the KV the members hold (engine.router.kv_index)")

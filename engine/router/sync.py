@@ -47,6 +47,8 @@ class RouterReport(BaseModel):
     replica: str = Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9._:/@-]+$",
                          description="id of the replica (host:port/pid/random), for status and freshness")
     revision: int = Field(ge=0, description="the route set revision this replica serves")
+    url: str | None = Field(None, max_length=300, pattern=r"^https?://[^/\s]+$",
+                            description="where this replica alone answers (its metrics and samples), if it has such")
     groups: dict[str, GroupLoad] = Field(default_factory=dict, max_length=4096)
 
 
@@ -54,8 +56,10 @@ class ControllerSync:
     """Two asyncio tasks inside the router: `watch` applies each new route set, `report` sends load."""
 
     def __init__(self, registry: Registry, controller_url: str, key: str, replica: str, report_s: float = 0.25,
-                 accept: Callable[[GroupRegistration], str | None] = lambda reg: None) -> None:
+                 accept: Callable[[GroupRegistration], str | None] = lambda reg: None, url: str | None = None) -> None:
+        """`url`: where this replica alone answers, reported with its load (None: nowhere but the shared port)."""
         self.registry, self.url, self.key, self.report_s, self.accept = registry, controller_url, key, report_s, accept
+        self.own_url = url
         self.replica = f"{replica}/{os.getpid()}/{secrets.token_hex(3)}"
         self.revision = 0
         self.synced = asyncio.Event()  # set once the first route set is applied
@@ -109,7 +113,7 @@ class ControllerSync:
             await asyncio.sleep(self.report_s)
             if not self.synced.is_set():
                 continue
-            report = RouterReport(replica=self.replica, revision=self.revision, groups={
+            report = RouterReport(replica=self.replica, revision=self.revision, url=self.own_url, groups={
                 g.reg.name: GroupLoad(inflight=g.inflight, routable=g.routable) for g in self.registry.groups()})
             try:
                 await self._client.post("/v1/routes/report", content=report.model_dump_json(),

@@ -49,14 +49,15 @@ def ttft_buckets(metrics_text: str) -> dict[float, float]:
 
 
 class SetObserver:
-    """Reads one group set: `member_urls()` names the serving members to ask for their stats."""
+    """Reads one group set: `member_urls()` names the serving members to ask for their stats, `router_urls()`
+    the router replicas to read TTFTs from (each where it alone answers: replicas sharing a port count apart)."""
 
-    def __init__(self, router_url: str, client_key: str, member_key: str, member_urls: Callable[[], list[str]],
-                 timeout_s: float = 2.0) -> None:
-        self.router_url, self.member_urls = router_url.rstrip("/"), member_urls
+    def __init__(self, router_urls: Callable[[], list[str]], client_key: str, member_key: str,
+                 member_urls: Callable[[], list[str]], timeout_s: float = 2.0) -> None:
+        self.router_urls, self.member_urls = router_urls, member_urls
         self._router = bearer_client(client_key, timeout_s=timeout_s)
         self._members = bearer_client(member_key, timeout_s=timeout_s)
-        self._last: dict[float, float] = {}
+        self._last: dict[str, dict[float, float]] = {}  # replica URL -> its TTFT buckets at the last look
 
     def __call__(self) -> Observation:
         queued = running = 0
@@ -70,13 +71,23 @@ class SetObserver:
         return Observation(queued=queued, running=running, ttft_p99_ms=self._ttft_p99_ms())
 
     def _ttft_p99_ms(self) -> float | None:
-        try:
-            now = ttft_buckets(self._router.get(self.router_url + "/metrics").text)
-        except httpx.HTTPError:
+        """The p99 of the TTFTs every replica measured since the last look (a replica new since then: since its
+        start; one that does not answer counts nothing)."""
+        window: dict[float, float] = {}
+        seen: dict[str, dict[float, float]] = {}
+        for url in self.router_urls():
+            try:
+                now = ttft_buckets(self._router.get(url.rstrip("/") + "/metrics").text)
+            except httpx.HTTPError:
+                continue
+            last = self._last.get(url, {})
+            for le, count in now.items():
+                window[le] = window.get(le, 0.0) + max(0.0, count - last.get(le, 0.0))
+            seen[url] = now
+        self._last = seen
+        if not seen:
             return None
-        window = [(le, count - self._last.get(le, 0.0)) for le, count in now.items()]
-        self._last = now
-        p99 = bucket_quantile(0.99, window)
+        p99 = bucket_quantile(0.99, sorted(window.items()))
         return None if p99 is None else p99 * 1000
 
     def close(self) -> None:

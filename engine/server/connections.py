@@ -106,23 +106,26 @@ def listening_socket(host: str, port: int, reuse_port: bool) -> socket.socket:
     return sock
 
 
-def run_server(app, limits: ConnectionLimits, *, host: str, port: int, reuse_port: bool = False, **kwargs) -> None:
+def run_server(app, limits: ConnectionLimits, *, host: str, port: int, reuse_port: bool = False,
+               own_socket: socket.socket | None = None, **kwargs) -> None:
     """uvicorn.run with bounded reads, ending as it does: SIGINT/SIGTERM are a clean exit, a failed start exit 3.
 
     With `reuse_port` the port is shared with other replicas of this server. uvicorn binds before its
-    lifespan starts but listens only after it, so a replica gets no connection before it is set up."""
+    lifespan starts but listens only after it, so a replica gets no connection before it is set up.
+    `own_socket` (bound already) is served as well: where this process alone answers."""
     server = uvicorn.Server(server_config(app, limits, host=host, port=port, **kwargs))
     try:
-        sock = listening_socket(host, port, reuse_port) if reuse_port else None
+        sock = listening_socket(host, port, reuse_port) if reuse_port or own_socket is not None else None
     except OSError as exc:
         print(f"cannot bind {host}:{port}: {exc}", file=sys.stderr)
         sys.exit(STARTUP_FAILURE)
+    sockets = [s for s in (sock, own_socket) if s is not None]
     try:
-        server.run(sockets=[sock] if sock is not None else None)
+        server.run(sockets=sockets or None)
     except KeyboardInterrupt:  # uvicorn raises the signal it caught again once it has shut down
         pass
     finally:
-        if sock is not None:
-            sock.close()
+        for s in sockets:
+            s.close()
     if not server.started:
         sys.exit(STARTUP_FAILURE)

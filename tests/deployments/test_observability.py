@@ -106,19 +106,24 @@ def observed_fleet(controller, controller_model_dir, tideflow_home, tmp_path_fac
 
     status = controller.status()
     pool_member = next(m.endpoint for g in status.groups if g.name == "obs-pool-0" for m in g.members)
-    router = urlparse(status.router_url).netloc
     members = sorted({urlparse(m.endpoint).netloc for g in status.groups for m in g.members if m.endpoint})
+    _wait_until(lambda: len(controller.status().replica_urls()) == 2, 60, lambda: controller.status().router_replicas)
+    replicas = controller.status().replica_urls()  # the default: 2 replicas, each reporting a port of its own
+    assert status.router_url not in replicas
     store = Store(tideflow_home / "controller.db")
     try:
         member_key = store.secret("member")
     finally:
         store.close()
     client_key = router_key_path().read_text().strip()
-    jobs = [ScrapeJob(name="router", targets=[router], key=client_key),
-            ScrapeJob(name="engines", targets=members, key=member_key),
+    # router replicas and members as the controller names them (HTTP service discovery), as an operator's
+    # Prometheus would: through the shared router port a scrape reads one replica and misses the other's requests
+    jobs = [ScrapeJob(name="router", sd_url=controller.url + "/v1/targets?job=router", key=client_key),
+            ScrapeJob(name="engines", sd_url=controller.url + "/v1/targets?job=engines", key=member_key,
+                      sd_key=client_key),
             ScrapeJob(name="controller", targets=[urlparse(controller.url).netloc], key=client_key)]
     with LocalPrometheus(jobs, tmp_path_factory.mktemp("prometheus"), PrometheusSetup(scrape_interval_s=1)) as prom:
-        every = len(jobs[0].targets) + len(jobs[1].targets) + len(jobs[2].targets)
+        every = len(replicas) + len(members) + 1
         _wait_until(lambda: [t[2] for t in _targets(prom.url)] == ["up"] * every, 60, lambda: _targets(prom.url))
         controller.scale_pool(ScalePool(template=template, target=1, warm_pool=0, bounds=bounds))  # activates it
         controller.record_canary(CanaryRecord(stable="obs-pd", canary="obs-pool-0", step=0, percent=5))

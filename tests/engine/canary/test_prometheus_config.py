@@ -25,8 +25,20 @@ def test_config_names_targets_and_keeps_keys_out(tmp_path):
     assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
 
 
+def test_a_job_asks_the_controller_for_its_targets(tmp_path):
+    job = ScrapeJob(name="router", sd_url="http://127.0.0.1:7000/v1/targets?job=router", key="secret-router")
+    config = yaml.safe_load(render_config([job], 2.0, tmp_path / "keys"))
+    sd = config["scrape_configs"][0]["http_sd_configs"][0]
+    assert sd["url"] == "http://127.0.0.1:7000/v1/targets?job=router" and sd["refresh_interval"] == "2s"
+    assert sd["authorization"]["credentials_file"] == str(tmp_path / "keys" / "router.sd.key")
+    assert (tmp_path / "keys" / "router.sd.key").read_text() == "secret-router"  # no sd_key: the job's key
+    assert "static_configs" not in config["scrape_configs"][0]
+
+
 def test_a_job_needs_targets_and_a_plain_name():
     with pytest.raises(ValidationError, match="targets"):
         ScrapeJob(name="router", targets=[], key="k")
+    with pytest.raises(ValidationError, match="one of them"):
+        ScrapeJob(name="router", targets=["127.0.0.1:1"], sd_url="http://127.0.0.1:2/v1/targets", key="k")
     with pytest.raises(ValidationError, match="name"):
         ScrapeJob(name="bad name", targets=["127.0.0.1:1"], key="k")

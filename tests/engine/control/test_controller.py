@@ -12,9 +12,13 @@ import threading
 import time
 from pathlib import Path
 
+import httpx
 import openai
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
+from engine.canary.samples import RouterSamples
+from engine.control.audit import read_entries
 from engine.control import discovery
 from engine.control.client import ControlAPIError
 from engine.group.manager import GroupState
@@ -24,7 +28,8 @@ from engine.process import start_service, start_ticks, tideflow_argv
 
 @pytest.fixture(scope="module")
 def controller_args() -> list[str]:
-    """Two router replicas on one port: the kill and restart tests below need a survivor."""
+    """Two router replicas on one port (the default, said here because the kill and restart tests below need a
+    survivor)."""
     return ["--router-replicas", "2"]
 
 
@@ -150,6 +155,95 @@ def test_a_killed_router_replica_fails_no_new_request_and_is_started_again(servi
     while not any(f"/{started}/" in r["replica"] for r in controller.status().router_replicas):
         assert time.monotonic() < deadline, controller.status().router_replicas  # it took the route set and reports
         time.sleep(0.2)
+
+
+def test_every_router_replica_is_read_where_it_alone_answers(serving):
+    """16 requests through the shared port, each on a new connection (the kernel spreads connections over the
+    replicas): the canary's samples, the replicas' counters and Prometheus's discovery all count every one of
+    them, read from each replica's own port; through the shared port a read reaches one replica only."""
+    controller = serving
+    deadline = time.monotonic() + 60
+    while len((status := controller.status()).replica_urls()) < 2:  # both replicas report (a fresh one: soon)
+        assert time.monotonic() < deadline, status.router_replicas
+        time.sleep(0.2)
+    urls = status.replica_urls()
+    assert status.router_url not in urls
+    key = discovery.router_key()
+
+    def served() -> float:
+        return sum(_counter(httpx.get(u + "/metrics", headers={"authorization": f"Bearer {key}"}).text,
+                            "tideflow_router_requests_total") for u in urls)
+
+    samples = RouterSamples(lambda: controller.status().replica_urls(), key, ["ctl-a"])
+    before = served()
+    try:
+        samples.start()
+        for i in range(16):
+            with openai.OpenAI(base_url=status.router_url + "/v1", api_key=key, max_retries=0, timeout=30) as client:
+                client.completions.create(model="default", prompt=f"spread {i}", max_tokens=2)
+        samples.fetch()
+        assert len(samples.of("ctl-a")) == 16
+    finally:
+        samples.close()
+    assert served() - before == 16
+    per_replica = [len(_page(u, key)) for u in urls]
+    assert all(n > 0 for n in per_replica), per_replica  # both served some: the shared port alone sees a part
+    answer = httpx.get(controller.url + "/v1/targets", params={"job": "router"},
+                       headers={"authorization": f"Bearer {key}"})
+    assert answer.status_code == 200 and sorted(answer.json()[0]["targets"]) == sorted(u.split("//")[1] for u in urls)
+    assert httpx.get(controller.url + "/v1/targets", params={"job": "nope"},
+                     headers={"authorization": f"Bearer {key}"}).status_code == 400
+    assert httpx.get(controller.url + "/v1/targets", params={"job": "router"}).status_code == 401
+
+
+def test_control_calls_are_audited_in_a_chain_the_cli_verifies(serving, tideflow_home, tmp_path):
+    """An admin verb, and the client key refused on the admin API, are both on record with the key's role and
+    digest (never the key); successful reads are not; `tideflow audit --verify` passes on the controller's log
+    and names the line of a tampered copy."""
+    controller = serving
+    client_key = discovery.router_key()
+    refused = httpx.put(controller.url + "/v1/weights", json={"weights": {"ctl-a": 1.0}},
+                        headers={"authorization": f"Bearer {client_key}"})
+    assert refused.status_code in (401, 403)
+    controller.set_weights({"ctl-a": 1.0})
+    controller.status()
+    path = tideflow_home / "audit.jsonl"
+    deadline = time.monotonic() + 10  # written off the event loop, after the answer
+    while not any(e.action == "PUT /v1/weights" and e.result == "ok" for e in read_entries(path)):
+        assert time.monotonic() < deadline, read_entries(path)[-3:]
+        time.sleep(0.1)
+    entries = read_entries(path)
+    no = next(e for e in reversed(entries) if e.action == "PUT /v1/weights" and e.result == "refused")
+    ok = next(e for e in reversed(entries) if e.action == "PUT /v1/weights" and e.result == "ok")
+    assert no.actor.startswith("client:") and no.status == refused.status_code and no.seq < ok.seq
+    assert ok.actor.startswith("admin:") and ok.target == "ctl-a" and ok.params["body"] == {"weights": {"ctl-a": 1.0}}
+    assert not any(e.action.startswith("GET ") and e.result == "ok" for e in entries)  # reads are not control
+    assert not any(e.action == "POST /v1/routes/report" for e in entries)
+    text = path.read_text()
+    assert client_key not in text and discovery.find().admin_key not in text
+    done = cli("audit", "--verify")
+    assert done.returncode == 0 and "chain intact" in done.stdout, done.stdout + done.stderr
+    listed = cli("audit", "--limit", "3")
+    assert listed.returncode == 0 and "PUT /v1/weights" in listed.stdout
+    lines = text.splitlines()
+    forged = json.loads(lines[ok.seq - 1])
+    forged["actor"] = "admin:0000000000000000"  # someone puts it on another key
+    lines[ok.seq - 1] = json.dumps(forged)
+    copy = tmp_path / "audit-copy.jsonl"
+    copy.write_text("\n".join(lines) + "\n")
+    caught = cli("audit", "--verify", "--file", str(copy))
+    assert caught.returncode == 1 and f"line {ok.seq}: seq {ok.seq}" in caught.stdout, caught.stdout
+
+
+def _counter(text: str, name: str) -> float:
+    return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples if s.name == name)
+
+
+def _page(url: str, key: str) -> list:
+    r = httpx.get(url + "/samples", params={"after": 0, "group": ["ctl-a"], "limit": 20000},
+                  headers={"authorization": f"Bearer {key}"})
+    r.raise_for_status()
+    return r.json()["samples"]
 
 
 def test_a_second_router_replica_serves_the_same_groups_and_follows_every_change(serving, tideflow_home, request):
