@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export TIDEFLOW_HOME ?= $(CURDIR)/.tideflow
 
-.PHONY: run test test-slow journey bench setup clean prometheus browser gpu-check
+.PHONY: run test test-slow journey bench setup clean prometheus browser gpu-check docs
 
 setup: $(STAMP)
 
@@ -25,6 +25,11 @@ test: $(STAMP) prometheus browser
 
 test-slow: $(STAMP) prometheus
 	$(BIN)/python -m pytest -q -m slow
+
+# The reference pages generated from the code (docs/reference/cli.md, config.md); tests/test_reference.py
+# fails when they drift.
+docs: $(STAMP)
+	$(BIN)/python scripts/reference.py
 
 # The operator's day from the Prefect UI alone (also part of test-slow): tests/flows/test_operator_journey.py
 journey: $(STAMP)
