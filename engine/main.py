@@ -17,7 +17,7 @@ from tideflow_kernels import isa
 
 # Modules exposing add_commands(subparsers), imported in this order.
 ENGINE_COMMANDS = ("engine.cli", "engine.serve_cli", "engine.router.cli", "engine.control.cli", "engine.control.group_cli",
-                   "engine.control.audit_cli", "engine.weights.cli", "tideflow_kernels.cli", "engine.drills.cli", "engine.capacity.cli")
+                   "engine.control.audit_cli", "engine.control.keys_cli", "engine.weights.cli", "tideflow_kernels.cli", "engine.drills.cli", "engine.capacity.cli")
 
 
 def build_parser(modules: tuple[str, ...] = ENGINE_COMMANDS) -> argparse.ArgumentParser:

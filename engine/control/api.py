@@ -19,11 +19,12 @@ from engine.control.models import (ApplyGroup, AutoscalerBody, AutoscalerView, C
                                    GroupView, Killed, KillMember, Lease, LeaseRequest, ParkBody, ScalePool, Seconds,
                                    WeightsBody, WeightsSet)
 from engine.control.store import Event
+from engine.control.keys import Rotated, RotateKey
 from engine.control.targets import Job, TargetGroup
 from engine.router.registry import GROUP_NAME_PATTERN
 from engine.router.sync import RouteSet, RouterReport
 from engine.scaling.pool import ScaleResult
-from engine.server.auth import BearerAuth, publish_openapi
+from engine.server.auth import BearerAuth, KeySource, publish_openapi
 from engine.server.limits import BodyLimit
 from engine.server.errors import APIError, install_error_handlers
 
@@ -32,8 +33,11 @@ GroupName = Annotated[str, Path(pattern=GROUP_NAME_PATTERN, description="group n
 
 def create_control_app(controller: Controller, on_down: Callable[[], None], body_timeout_s: float) -> FastAPI:
     """`on_down` ends the serving process after `POST /v1/down` has stopped the fleet."""
-    auth = BearerAuth([controller.admin_key])
-    router_auth = BearerAuth([controller.routes_key, controller.admin_key])  # router replicas: the route set only
+    keys = controller.keys  # each check reads the keys accepted now: a rotated one at once, an old one in its grace
+    auth = BearerAuth(KeySource(dynamic=lambda: keys.accepted("admin")))
+    # router replicas: the route set only
+    router_auth = BearerAuth(KeySource(dynamic=lambda: [*keys.accepted("routes"), *keys.accepted("admin")]))
+    reader_auth = BearerAuth(KeySource(dynamic=lambda: [*keys.accepted("client"), *keys.accepted("admin")]))
     app = FastAPI(title="tideflow controller", docs_url=None, redoc_url=None, openapi_url=None)
     app.add_middleware(BodyLimit, max_bytes=1 << 20, read_timeout_s=body_timeout_s)  # specs and small bodies only
     app.add_middleware(AuditMiddleware, audit=controller.audit, roles=controller.key_roles)  # outermost: sees all
@@ -41,7 +45,7 @@ def create_control_app(controller: Controller, on_down: Callable[[], None], body
     install_error_handlers(app)
     api = APIRouter(dependencies=[Depends(auth)])
 
-    @app.get("/metrics", dependencies=[Depends(BearerAuth([controller.client_key, controller.admin_key]))])
+    @app.get("/metrics", dependencies=[Depends(reader_auth)])
     def metrics() -> Response:
         """The lifecycle series (engine.control.metrics), with the key Prometheus already scrapes the router with."""
         return Response(generate_latest(controller.metrics.registry), media_type=CONTENT_TYPE_LATEST)
@@ -154,10 +158,15 @@ def create_control_app(controller: Controller, on_down: Callable[[], None], body
         controller.routes.report(body)
         return {"revision": controller.routes.revision}
 
-    @app.get("/v1/targets", dependencies=[Depends(BearerAuth([controller.client_key, controller.admin_key]))])
+    @app.get("/v1/targets", dependencies=[Depends(reader_auth)])
     def targets(job: Job) -> list[TargetGroup]:
         """Prometheus HTTP service discovery (http_sd_configs), with the key it scrapes the router with."""
         return controller.scrape_targets(job)
+
+    @api.post("/v1/keys/rotate")
+    def rotate(body: RotateKey) -> Rotated:
+        """A new key for the role, working at once; the old one works for the grace, then is refused."""
+        return call(controller.rotate_key, body.role, body.grace_s)
 
     @api.get("/v1/metrics/members")
     def member_metrics() -> dict:

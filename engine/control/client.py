@@ -8,6 +8,7 @@ import time
 import httpx
 
 from engine.control import discovery
+from engine.control.keys import RotateKey, Rotated
 from engine.control.models import (ApplyGroup, AutoscalerBody, AutoscalerView, CanaryRecord, FleetStatus, GroupView,
                                    Killed, KillMember, Lease, LeaseRequest, ParkBody, ScalePool, Seconds, WeightsSet)
 from engine.control.store import Event
@@ -28,19 +29,23 @@ class ControlAPIError(TideflowError):
 
 
 class ControlClient:
-    def __init__(self, url: str, admin_key: str, timeout_s: float = 120.0) -> None:
+    def __init__(self, url: str, admin_key: str, timeout_s: float = 120.0, rediscover: bool = False) -> None:
+        """`rediscover`: found through discovery, so a refused key is looked up there again (it was rotated)."""
         self.url = url.rstrip("/")
         self._http = bearer_client(admin_key, self.url, timeout_s)
+        self._rediscover = rediscover
 
     @classmethod
     def connect(cls) -> "ControlClient":
         """The controller of $TIDEFLOW_CONTROLLER_URL or of this $TIDEFLOW_HOME; NoController when none."""
         info = discovery.find()
-        return cls(info.url, info.admin_key)
+        return cls(info.url, info.admin_key, rediscover=True)
 
     def _call(self, method: str, path: str, **kw):
         try:
             r = self._http.request(method, path, **kw)
+            if r.status_code == 401 and self._rekeyed():  # a long run outliving its key's grace: the new key
+                r = self._http.request(method, path, **kw)
         except httpx.HTTPError as exc:
             raise ControlAPIError(f"controller {self.url} did not answer {method} {path}: {exc}") from None
         if r.status_code >= 400:
@@ -50,6 +55,20 @@ class ControlClient:
                 message = r.text[:300]
             raise ControlAPIError(f"controller refused {method} {path} ({r.status_code}): {message}", r.status_code)
         return r.json()
+
+    def _rekeyed(self) -> bool:
+        """Take the admin key discovery holds now, if it is another one for the same controller."""
+        if not self._rediscover:
+            return False
+        try:
+            info = discovery.find()
+        except TideflowError:
+            return False
+        value = f"Bearer {info.admin_key}"
+        if info.url.rstrip("/") != self.url or self._http.headers.get("authorization") == value:
+            return False
+        self._http.headers["authorization"] = value
+        return True
 
     # -- fleet ----------------------------------------------------------------------------------------
     def health(self) -> bool:
@@ -100,6 +119,10 @@ class ControlClient:
 
     def stop_autoscaler(self, name: str) -> None:
         self._call("DELETE", f"/v1/autoscalers/{name}")
+
+    def rotate_key(self, role: str, grace_s: float) -> Rotated:
+        body = RotateKey(role=role, grace_s=grace_s)
+        return Rotated.model_validate(self._call("POST", "/v1/keys/rotate", json=body.model_dump()))
 
     def record_canary(self, record: CanaryRecord) -> CanaryRecord:
         return CanaryRecord.model_validate(self._call("PUT", "/v1/canary", json=record.model_dump()))

@@ -23,7 +23,9 @@ from engine.control.metrics import CanaryGauge, ControllerMetrics, FleetSnapshot
 from engine.control.models import (ApplyGroup, AutoscalerBody, AutoscalerView, CanaryRecord, FleetStatus, GroupView,
                                    DesiredView, Killed, KillMember, Lease, LeaseRequest, MemberView, ScalePool,
                                    WeightsSet)
+from engine.control import discovery
 from engine.control.audit import AUDIT_FILE, AuditLog
+from engine.control.keys import KeyBook, Role, Rotated, RotationError
 from engine.control.routes import RouteTable, replica_urls
 from engine.control.targets import Job, TargetGroup, scrape_targets
 from engine.control.local_runtime import LocalRuntime
@@ -40,7 +42,7 @@ from engine.scaling.autoscaler import Autoscaler, AutoscalerStopped
 from engine.scaling.observe import SetObserver
 from engine.scaling.policy import Bounds
 from engine.scaling.pool import ScaleResult, WarmPool
-from engine.server.auth import key_digest
+from engine.server.auth import DIGEST_PREFIX, key_digest
 from engine.transfer.shm import reap_orphan_segments
 
 log = logging.getLogger(__name__)
@@ -67,10 +69,9 @@ class Controller:
         self.runtime = runtime or make_runtime(config)
         self.store, self.backend = self.runtime.store, self.runtime.backend
         self.port, self.url = self.runtime.port, self.runtime.url  # where the API listens; routers watch url
-        self.admin_key = self.store.secret("controller_admin")  # the control API
-        self.client_key = self.store.secret("router_client")  # clients of the router ($TIDEFLOW_HOME/router.key)
-        self.routes_key = self.store.secret("routes")  # router replicas -> the route set, nothing else
-        self._member_key = self.store.secret("member")  # router and controller -> members only
+        self.keys = KeyBook(self.store, home() / "keys")  # admin, client, routes, upstream (engine.control.keys)
+        self.keys.publish()  # the routers' key files, before any router starts
+        self._member_key = self.keys.current("upstream")  # router and controller -> members only
         self.routes = RouteTable()
         self.audit = AuditLog(home() / AUDIT_FILE)  # every control action and refused call (engine.control.audit)
         self._lock = threading.RLock()  # one mutation at a time: API calls and reconcile passes
@@ -471,8 +472,8 @@ class Controller:
         with self._lock:
             old = self._detach_autoscaler(name)
             pool = self._pool(body.template, body.policy.bounds, body.policy.warm_pool)
-            observer = SetObserver(lambda: replica_urls(self.routes.replicas(), self.router_url), self.client_key,
-                                   self._member_key,
+            observer = SetObserver(lambda: replica_urls(self.routes.replicas(), self.router_url),
+                                   lambda: self.client_key, self._member_key,
                                    lambda: [m.endpoint for g in pool.serving() for m in g.status.members if m.endpoint])
             locked = _LockedPool(self, pool)
             scaler = locked.scaler = Autoscaler(locked, body.policy, observe=observer if body.policy.metrics else None)
@@ -628,10 +629,59 @@ class Controller:
         return [(g.spec, g.status.handle.id, list(g.status.members)) for g in groups
                 if g.status.state in (GroupState.READY, GroupState.STANDBY) and g.status.handle is not None]
 
+    @property
+    def admin_key(self) -> str:
+        """The control API's key (`tideflow keys rotate admin` replaces it)."""
+        return self.keys.current("admin")
+
+    @property
+    def client_key(self) -> str:
+        """The router's clients' key ($TIDEFLOW_HOME/router.key)."""
+        return self.keys.current("client")
+
+    @property
+    def routes_key(self) -> str:
+        """What router replicas send to watch the route set, and nothing else."""
+        return self.keys.current("routes")
+
     def key_roles(self) -> dict[str, str]:
-        """Each key's digest -> the role the audit log names it by (the keys themselves never leave here)."""
-        return {key_digest(self.admin_key): "admin", key_digest(self.client_key): "client",
-                key_digest(self.routes_key): "routes"}
+        """Each accepted key's digest -> the role the audit log names it by (the keys themselves never leave
+        here; an old key in its grace is held only as its SHA-256, whose head is the same digest)."""
+        roles = {}
+        for role in ("admin", "client", "routes"):
+            for k in self.keys.accepted(role):
+                roles[k.key[len(DIGEST_PREFIX):][:16] if k.key.startswith(DIGEST_PREFIX) else key_digest(k.key)] = role
+        return roles
+
+    def rotate_key(self, role: Role, grace_s: float, wait_s: float = 15.0) -> Rotated:
+        """A new key for `role`, working at once; the old one works for `grace_s` more, then is refused
+        everywhere. The client and routes keys reach every router replica (their key files, read again when
+        they change) before the client key file is replaced, so no client holds a key a router does not take."""
+        try:
+            new, until = self.keys.rotate(role, grace_s)
+        except RotationError as exc:
+            raise ControlError(409, str(exc)) from None
+        self.keys.publish()
+        routers = 0
+        if role in ("client", "routes"):
+            deadline, want = time.monotonic() + wait_s, self.keys.router_state()
+            while True:
+                live = self.routes.replicas()
+                behind = [r["replica"] for r in live if r.get("key_state") != want]
+                if live and not behind:
+                    routers = len(live)
+                    break
+                if time.monotonic() > deadline:
+                    raise ControlError(504, f"the new {role} key works here, but router replicas {behind or '(none)'} "
+                                            f"did not take it within {wait_s:g}s; the old one works until its grace "
+                                            "ends: see their logs")
+                time.sleep(0.1)
+        if role == "client":
+            discovery.set_router_key(new)
+        elif role == "admin":
+            discovery.rekey(os.getpid(), new)
+        self.store.event("keys", f"{role} key rotated; the old one works until {time.strftime('%H:%M:%S', time.localtime(until))}")
+        return Rotated(role=role, grace_s=grace_s, old_until=until, routers=routers)
 
     def scrape_targets(self, job: Job) -> list[TargetGroup]:
         """What Prometheus should scrape for `job` now (engine.control.targets)."""

@@ -45,7 +45,22 @@ def router_key_path() -> Path:
 
 def register(info: ControllerInfo, router_key: str) -> None:
     atomic_write_text(info_path(), info.model_dump_json(), mode=0o600)
-    atomic_write_text(router_key_path(), router_key + "\n", mode=0o600)
+    set_router_key(router_key)
+
+
+def set_router_key(key: str) -> None:
+    """The client key users and load generators read, replaced at once (a reader sees the old or the new)."""
+    atomic_write_text(router_key_path(), key + "\n", mode=0o600)
+
+
+def rekey(pid: int, admin_key: str) -> None:
+    """The registration's admin key after a rotation, if the registration is this controller's."""
+    try:
+        info = ControllerInfo.model_validate_json(info_path().read_text())
+    except (OSError, ValueError):
+        return
+    if info.pid == pid:
+        atomic_write_text(info_path(), info.model_copy(update={"admin_key": admin_key}).model_dump_json(), mode=0o600)
 
 
 def unregister(pid: int) -> None:

@@ -12,6 +12,7 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
+from engine.control.keys import CLIENT_FILE, ROUTES_FILE
 from engine.control.router_replicas import RouterReplicas, RouterSettings, stop_recorded_routers
 from engine.control.runtime import ControllerConfig, Runtime
 from engine.control.store import Store, effective_groups
@@ -22,6 +23,7 @@ from engine.paths import home
 from engine.process import adopt, free_port, port_free
 from engine.router.app import ADMIN_KEYS_ENV, UPSTREAM_KEY_ENV
 from engine.router.sync import ROUTES_KEY_ENV
+from engine.server.auth import API_KEY_FILE_ENV
 
 
 class LocalRuntime(Runtime):
@@ -82,9 +84,11 @@ class LocalRuntime(Runtime):
 
 
 def router_env(store: Store) -> dict[str, str]:
-    """The keys a router replica needs: clients', its admin API's, the members', and the route set's."""
-    return {"TIDEFLOW_API_KEYS": store.secret("router_client"), ADMIN_KEYS_ENV: store.secret("router_admin"),
-            UPSTREAM_KEY_ENV: store.secret("member"), ROUTES_KEY_ENV: store.secret("routes")}
+    """The keys a router replica needs: clients' (digests, in a file it reads again when the controller rotates
+    the key), its admin API's, the members', and the route set's (a file too)."""
+    keys = home() / "keys"
+    return {API_KEY_FILE_ENV: str(keys / CLIENT_FILE), ADMIN_KEYS_ENV: store.secret("router_admin"),
+            UPSTREAM_KEY_ENV: store.secret("member"), ROUTES_KEY_ENV + "_FILE": str(keys / ROUTES_FILE)}
 
 
 def _keep_port(store: Store, host: str, asked: int, reclaim_s: float = 15.0) -> int:

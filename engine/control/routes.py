@@ -149,7 +149,8 @@ class RouteTable:
     def replicas(self) -> list[dict]:
         with self._cond:
             now = time.monotonic()
-            return [{"replica": r.replica, "revision": r.revision, "url": r.url, "seen_s_ago": round(now - at, 2)}
+            return [{"replica": r.replica, "revision": r.revision, "url": r.url, "key_state": r.key_state,
+                     "seen_s_ago": round(now - at, 2)}
                     for at, r in self._reports.values() if now - at < REPLICA_TTL_S]
 
     def _live(self) -> list[RouterReport]:

@@ -246,6 +246,10 @@ class Store:
             self._db.execute("INSERT OR IGNORE INTO secrets VALUES (?, ?)", (name, secrets.token_urlsafe(24)))
             return self._db.execute("SELECT value FROM secrets WHERE name = ?", (name,)).fetchone()[0]
 
+    def set_secret(self, name: str, value: str) -> None:
+        """Replace the named key (a rotation: engine.control.keys)."""
+        self._run("INSERT OR REPLACE INTO secrets VALUES (?, ?)", (name, value))
+
     def event(self, kind: str, message: str) -> None:
         self._run("INSERT INTO events VALUES (?, ?, ?)", (time.time(), kind, message))
 

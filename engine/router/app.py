@@ -3,6 +3,7 @@ it watches the route set), or, standalone, from the admin API a group manager pu
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import json
 import os
@@ -11,7 +12,7 @@ from urllib.parse import urlsplit
 from contextlib import asynccontextmanager
 
 import httpx
-from typing import Annotated
+from typing import Annotated, Callable
 
 from fastapi import Depends, FastAPI, Path, Query, Request
 from fastapi.responses import JSONResponse, Response
@@ -31,7 +32,7 @@ from engine.router.ratelimit import RateLimiter
 from engine.router.samples import SamplePage
 from engine.router.sync import ROUTES_KEY_ENV, ControllerSync
 from engine.router.registry import GROUP_NAME_PATTERN, GroupName, GroupRegistration, Registry, Weight
-from engine.server.auth import ApiKey, BearerAuth, bearer_token, key_digest, publish_openapi
+from engine.server.auth import RECHECK_S, ApiKey, BearerAuth, KeySource, bearer_token, key_digest, key_state, publish_openapi
 from engine.server.limits import BodyLimit
 from engine.server.errors import APIError, clip, error_response, install_error_handlers, invalid
 from engine.server.requests import check_chat_size, check_priority
@@ -50,9 +51,14 @@ class WeightsUpdate(BaseModel):
     weights: dict[GroupName, Weight] = Field(description="group name -> traffic weight (finite, >= 0)")
 
 
-def create_router_app(config: RouterConfig, api_keys: list[str | ApiKey], admin_keys: list[str],
-                      upstream_key: str | None = None, routes_key: str | None = None) -> FastAPI:
-    """`routes_key`: the key this router sends to `config.controller_url` to watch the route set."""
+def create_router_app(config: RouterConfig, api_keys: list[str | ApiKey] | KeySource, admin_keys: list[str],
+                      upstream_key: str | Callable[[], str] | None = None,
+                      routes_key: str | Callable[[], str] | None = None) -> FastAPI:
+    """`upstream_key`: the key this router sends to members; `routes_key`: the one it sends to
+    `config.controller_url` to watch the route set. Either may be a callable (engine.server.auth.secret_from_env):
+    a key rotated in its file is followed without a restart."""
+    upstream_key = (lambda key=upstream_key: key) if isinstance(upstream_key, str) else upstream_key
+    routes_key = (lambda key=routes_key: key) if isinstance(routes_key, str) else routes_key
     if not admin_keys:
         raise RouterConfigError(f"the router's admin API needs a key: set {ADMIN_KEYS_ENV} (comma-separated)")
     if config.controller_url and not routes_key:
@@ -63,7 +69,7 @@ def create_router_app(config: RouterConfig, api_keys: list[str | ApiKey], admin_
     limiter = RateLimiter(config.rate_limit_rps, config.rate_limit_burst) if config.rate_limit_rps else None
     preparer = PromptPreparer(config.model_dir) if config.model_dir else None
     cpu = CpuPool(config.prompt_workers, config.prompt_queue)
-    headers = {"authorization": f"Bearer {upstream_key}"} if upstream_key else {}
+    headers = {"authorization": f"Bearer {upstream_key()}"} if upstream_key else {}  # followed below
     state: dict = {}
 
     @asynccontextmanager
@@ -71,7 +77,7 @@ def create_router_app(config: RouterConfig, api_keys: list[str | ApiKey], admin_
         # Idle upstream connections expire here well before the members' keep-alive timeout closes
         # them, so a request is never sent on a socket the server is closing (a spurious ReadError).
         limits = httpx.Limits(max_connections=1024, max_keepalive_connections=256, keepalive_expiry=2.0)
-        async with bearer_async_client(upstream_key, limits=limits) as client:
+        async with bearer_async_client(upstream_key() if upstream_key else None, limits=limits) as client:
             kv_index = KVIndex() if config.kv_routing.mode == "precise" else None
             monitor = HealthMonitor(registry, client, config.health_interval_s, config.eject_after, config.readmit_after,
                                     kv_index)
@@ -81,12 +87,16 @@ def create_router_app(config: RouterConfig, api_keys: list[str | ApiKey], admin_
             if config.controller_url:
                 sync = ControllerSync(registry, config.controller_url, routes_key,
                                       config.advertise or f"{config.host}:{config.port}", accept=outside_networks,
-                                      url=config.replica_url)
+                                      url=config.replica_url, key_state=lambda: key_state(
+                                          auth.source.keys(), routes_key(), upstream_key() if upstream_key else ""))
                 sync.start()
             monitor.start()
+            follower = asyncio.create_task(_follow_upstream_key(upstream_key, headers, client)) if upstream_key else None
             try:
                 yield
             finally:
+                if follower is not None:
+                    follower.cancel()
                 await monitor.stop()
                 if sync is not None:
                     await sync.stop()
@@ -226,6 +236,16 @@ def _parse(model_cls, raw: bytes) -> tuple:
 
 def _no_pd(api: str, body: dict) -> list[int]:
     raise APIError(500, "this router has no model_dir, so it cannot serve disaggregated groups")
+
+
+async def _follow_upstream_key(current: Callable[[], str], headers: dict[str, str], client: httpx.AsyncClient) -> None:
+    """The members' key as its file holds it now, in the headers every upstream request takes (a rotation)."""
+    while True:
+        await asyncio.sleep(RECHECK_S)
+        value = f"Bearer {current()}"
+        if headers.get("authorization") != value:
+            headers["authorization"] = value
+            client.headers["authorization"] = value
 
 
 def keys_from_env(name: str) -> list[str]:

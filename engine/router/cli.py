@@ -56,7 +56,6 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     import gc
-    import os
 
     from engine.server.connections import STARTUP_FAILURE, listening_socket, run_server
 
@@ -64,7 +63,7 @@ def _run(args: argparse.Namespace) -> int:
     from engine.router.config import RouterConfig
     from engine.router.kv_index import KVRoutingConfig
     from engine.router.sync import ROUTES_KEY_ENV
-    from engine.server.auth import load_api_keys
+    from engine.server.auth import key_source, secret_from_env
 
     own = None  # this replica's own listener, beside the (shared) port
     replica_url = args.replica_url
@@ -88,12 +87,12 @@ def _run(args: argparse.Namespace) -> int:
                           kv_routing=KVRoutingConfig(mode=args.kv_routing),
                           connections=connection_limits.from_args(args))
     try:
-        client_keys = load_api_keys(args.api_key_file)
+        client_keys = key_source(args.api_key_file)  # read again when the file changes (a rotated key)
+        upstream_key, routes_key = secret_from_env(UPSTREAM_KEY_ENV), secret_from_env(ROUTES_KEY_ENV)
     except (OSError, ValueError) as exc:
-        print(f"tideflow router: client keys: {exc}", file=sys.stderr)
+        print(f"tideflow router: keys: {exc}", file=sys.stderr)
         return 2
-    app = create_router_app(config, client_keys, keys_from_env(ADMIN_KEYS_ENV),
-                            os.environ.get(UPSTREAM_KEY_ENV), os.environ.get(ROUTES_KEY_ENV))
+    app = create_router_app(config, client_keys, keys_from_env(ADMIN_KEYS_ENV), upstream_key, routes_key)
     # Everything built so far lives as long as the process: frozen out of the collector's sight, a full
     # collection set off by a large body's objects scans those, not the 200,000 of the router's own modules
     # (such a collection took 270 ms in one call with the GIL held, so with the event loop waiting)

@@ -49,17 +49,22 @@ class RouterReport(BaseModel):
     revision: int = Field(ge=0, description="the route set revision this replica serves")
     url: str | None = Field(None, max_length=300, pattern=r"^https?://[^/\s]+$",
                             description="where this replica alone answers (its metrics and samples), if it has such")
+    key_state: str = Field("", max_length=64, description="digest of the keys it accepts and sends now "
+                                                          "(engine.server.auth.key_state): a rotation reached it "
+                                                          "once this is the controller's")
     groups: dict[str, GroupLoad] = Field(default_factory=dict, max_length=4096)
 
 
 class ControllerSync:
     """Two asyncio tasks inside the router: `watch` applies each new route set, `report` sends load."""
 
-    def __init__(self, registry: Registry, controller_url: str, key: str, replica: str, report_s: float = 0.25,
-                 accept: Callable[[GroupRegistration], str | None] = lambda reg: None, url: str | None = None) -> None:
-        """`url`: where this replica alone answers, reported with its load (None: nowhere but the shared port)."""
+    def __init__(self, registry: Registry, controller_url: str, key: Callable[[], str], replica: str,
+                 report_s: float = 0.25, accept: Callable[[GroupRegistration], str | None] = lambda reg: None,
+                 url: str | None = None, key_state: Callable[[], str] = lambda: "") -> None:
+        """`key`: the routes key as its file holds it now (a rotation is followed); `url`: where this replica alone
+        answers, reported with its load (None: nowhere but the shared port)."""
         self.registry, self.url, self.key, self.report_s, self.accept = registry, controller_url, key, report_s, accept
-        self.own_url = url
+        self.own_url, self.key_state = url, key_state
         self.replica = f"{replica}/{os.getpid()}/{secrets.token_hex(3)}"
         self.revision = 0
         self.synced = asyncio.Event()  # set once the first route set is applied
@@ -67,7 +72,7 @@ class ControllerSync:
         self._client: httpx.AsyncClient | None = None
 
     def start(self) -> None:
-        self._client = bearer_async_client(self.key, self.url, timeout_s=WATCH_S + 10)
+        self._client = bearer_async_client(self.key(), self.url, timeout_s=WATCH_S + 10)
         self._tasks = [asyncio.create_task(self._watch()), asyncio.create_task(self._report())]
 
     async def stop(self) -> None:
@@ -81,6 +86,7 @@ class ControllerSync:
         backoff = 0.2
         while True:
             try:
+                self._client.headers["authorization"] = f"Bearer {self.key()}"
                 r = await self._client.get("/v1/routes", params={"after": self.revision, "wait_s": WATCH_S})
                 r.raise_for_status()
                 self.apply(RouteSet.model_validate_json(r.content))
@@ -113,7 +119,9 @@ class ControllerSync:
             await asyncio.sleep(self.report_s)
             if not self.synced.is_set():
                 continue
-            report = RouterReport(replica=self.replica, revision=self.revision, url=self.own_url, groups={
+            self._client.headers["authorization"] = f"Bearer {self.key()}"
+            report = RouterReport(replica=self.replica, revision=self.revision, url=self.own_url,
+                                  key_state=self.key_state(), groups={
                 g.reg.name: GroupLoad(inflight=g.inflight, routable=g.routable) for g in self.registry.groups()})
             try:
                 await self._client.post("/v1/routes/report", content=report.model_dump_json(),

@@ -52,10 +52,12 @@ class SetObserver:
     """Reads one group set: `member_urls()` names the serving members to ask for their stats, `router_urls()`
     the router replicas to read TTFTs from (each where it alone answers: replicas sharing a port count apart)."""
 
-    def __init__(self, router_urls: Callable[[], list[str]], client_key: str, member_key: str,
+    def __init__(self, router_urls: Callable[[], list[str]], client_key: str | Callable[[], str], member_key: str,
                  member_urls: Callable[[], list[str]], timeout_s: float = 2.0) -> None:
+        """`client_key`: the router's client key, or what gives it now (a rotated key is followed)."""
         self.router_urls, self.member_urls = router_urls, member_urls
-        self._router = bearer_client(client_key, timeout_s=timeout_s)
+        self.client_key = (lambda: client_key) if isinstance(client_key, str) else client_key
+        self._router = bearer_client(self.client_key(), timeout_s=timeout_s)
         self._members = bearer_client(member_key, timeout_s=timeout_s)
         self._last: dict[str, dict[float, float]] = {}  # replica URL -> its TTFT buckets at the last look
 
@@ -75,6 +77,7 @@ class SetObserver:
         start; one that does not answer counts nothing)."""
         window: dict[float, float] = {}
         seen: dict[str, dict[float, float]] = {}
+        self._router.headers["authorization"] = f"Bearer {self.client_key()}"
         for url in self.router_urls():
             try:
                 now = ttft_buckets(self._router.get(url.rstrip("/") + "/metrics").text)

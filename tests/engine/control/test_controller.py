@@ -20,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from engine.canary.samples import RouterSamples
 from engine.control.audit import read_entries
 from engine.control import discovery
-from engine.control.client import ControlAPIError
+from engine.control.client import ControlAPIError, ControlClient
 from engine.group.manager import GroupState
 from engine.group.spec import InferenceGroup
 from engine.process import start_service, start_ticks, tideflow_argv
@@ -233,6 +233,78 @@ def test_control_calls_are_audited_in_a_chain_the_cli_verifies(serving, tideflow
     copy.write_text("\n".join(lines) + "\n")
     caught = cli("audit", "--verify", "--file", str(copy))
     assert caught.returncode == 1 and f"line {ok.seq}: seq {ok.seq}" in caught.stdout, caught.stdout
+
+
+def test_each_key_rotates_under_load_with_no_failed_request(serving, tideflow_home):
+    """Clients (each request with the key router.key holds then, as a load generator reading it would) and the
+    control plane (each call through discovery) keep working while the client, routes and admin keys rotate
+    with 8 s of grace: 0 failed requests. Each old key works during its grace and is refused after it, the
+    router replicas never restarted; the audit log names each rotation and holds no key."""
+    controller = serving
+    pids = controller.status().router_pids
+    stop, failures, served = threading.Event(), [], [0]
+
+    def clients() -> None:
+        while not stop.is_set():
+            try:
+                key = discovery.router_key_path().read_text().strip()
+                with openai.OpenAI(base_url=controller.status().router_url + "/v1", api_key=key, max_retries=0,
+                                   timeout=30) as client:
+                    client.completions.create(model="default", prompt="rotate", max_tokens=2)
+                served[0] += 1
+            except Exception as exc:  # every failure is the test's finding
+                failures.append(repr(exc))
+
+    def operator() -> None:
+        while not stop.is_set():
+            try:
+                with ControlClient.connect() as client:
+                    client.status()
+            except Exception as exc:
+                failures.append(repr(exc))
+            time.sleep(0.2)
+
+    def accepted(role: str, key: str) -> int:
+        if role == "client":
+            return httpx.get(controller.status().router_url + "/v1/models",
+                             headers={"authorization": f"Bearer {key}"}).status_code
+        path = "/v1/status" if role == "admin" else "/v1/routes"
+        return httpx.get(controller.url + path, headers={"authorization": f"Bearer {key}"}).status_code
+
+    def key_of(role: str) -> str:
+        return {"client": lambda: discovery.router_key_path().read_text().strip(),
+                "admin": lambda: discovery.find().admin_key,
+                "routes": lambda: (tideflow_home / "keys" / "routes.key").read_text().strip()}[role]()
+
+    workers = [threading.Thread(target=clients) for _ in range(2)] + [threading.Thread(target=operator)]
+    for w in workers:
+        w.start()
+    rotated = {}
+    try:
+        for role in ("client", "routes", "admin"):
+            old = key_of(role)
+            done = cli("keys", "rotate", role, "--grace", "8s")
+            assert done.returncode == 0, done.stdout + done.stderr
+            until = float(re.search(r"until (\d+)", done.stdout).group(1))
+            new = key_of(role)
+            assert new != old and accepted(role, new) == 200 and accepted(role, old) == 200, role  # in its grace
+            assert time.time() < until, "the check above came after the grace: it proved nothing"
+            time.sleep(max(0.0, until - time.time()) + 1.0)
+            assert accepted(role, old) == 401 and accepted(role, new) == 200, role  # refused once the grace ended
+            rotated[role] = (old, new)
+    finally:
+        stop.set()
+        for w in workers:
+            w.join(timeout=60)
+    assert failures == [] and served[0] > 20, (failures[:3], served[0])
+    assert controller.status().router_pids == pids  # the replicas took their new keys without a restart
+    entries = read_entries(tideflow_home / "audit.jsonl")
+    assert [e.params["body"]["role"] for e in entries if e.action == "POST /v1/keys/rotate" and e.result == "ok"][-3:] \
+        == ["client", "routes", "admin"]
+    text = (tideflow_home / "audit.jsonl").read_text()
+    assert not any(k in text for pair in rotated.values() for k in pair)
+    clients_file = (tideflow_home / "keys" / "router-clients.keys").read_text()
+    assert rotated["client"][1] not in clients_file and "sha256:" in clients_file  # routers hold digests only
 
 
 def _counter(text: str, name: str) -> float:
