@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -135,16 +136,18 @@ class StepRun(BaseModel):
 
 
 def run_step(s: Scenario, share: float, config: JudgeConfig, rng: np.random.Generator,
-             carried: list[ErrorCounts], look_every: int = 10) -> StepRun:
+             carried: list[ErrorCounts], look_every: int = 10, alone: bool = True) -> StepRun:
     """One canary step at `share`, judged every `look_every` canary requests, as a hold checks every second; its
-    horizon is its length (the canary requests the hold sees: what rollout.py estimates from the arrival rate)."""
+    horizon is its length (the canary requests the hold sees: what rollout.py estimates from the arrival rate).
+    `alone`: also judge it on its own counts (the ablation; "skipped" when off)."""
     n = s.canary_requests
     m = int(np.ceil(n * (1 - share) / share))
     canary = synthetic(rng, n, s.ttft_factor, s.error_rate, s.slow_share)
     baseline = synthetic(rng, m, 1.0, s.baseline_error_rate)
-    judges = {"judge": SequentialJudge(config, horizon=n),
-              "alone": SequentialJudge(config.model_copy(update={"carry_errors": False}), horizon=n)}
-    result: dict = {}
+    judges = {"judge": SequentialJudge(config, horizon=n)}
+    if alone:
+        judges["alone"] = SequentialJudge(config.model_copy(update={"carry_errors": False}), horizon=n)
+    result: dict = {} if alone else {"alone": "skipped"}
     for seen in range(look_every, n + 1, look_every):
         c, b = canary.head(seen), baseline.head(int(seen * (1 - share) / share))
         for name, judge in judges.items():
@@ -167,13 +170,14 @@ def run_step(s: Scenario, share: float, config: JudgeConfig, rng: np.random.Gene
     return StepRun(**result)
 
 
-def run_plan(s: Scenario, shares: list[float], config: JudgeConfig, rng: np.random.Generator) -> list[StepRun]:
+def run_plan(s: Scenario, shares: list[float], config: JudgeConfig, rng: np.random.Generator,
+             alone: bool = True) -> list[StepRun]:
     """The plan's steps in order, each judged with the counts of every step before it (at that step's verdict),
     whatever that step decided: so each step's rate is its own power, or its own false rollbacks, given the
     evidence the plan hands it."""
     steps: list[StepRun] = []
     for share in shares:
-        steps.append(run_step(s, share, config, rng, [r.counts for r in steps]))
+        steps.append(run_step(s, share, config, rng, [r.counts for r in steps], alone=alone))
     return steps
 
 
@@ -192,12 +196,13 @@ class ScenarioRates(BaseModel):
     thresholds_fail: float
 
 
-def simulate(s: Scenario, shares: list[float], runs: int, seed: int,
-             config: JudgeConfig | None = None) -> list[ScenarioRates]:
-    """`runs` seeded rollouts through `shares`; the rates of each step."""
+def simulate(s: Scenario, shares: list[float], runs: int, seed: int, config: JudgeConfig | None = None,
+             alone: bool = True) -> list[ScenarioRates]:
+    """`runs` seeded rollouts through `shares`; the rates of each step (`alone`: with the ablation, twice the
+    judging)."""
     config = config or JudgeConfig()
     rng = np.random.default_rng(seed)
-    plans = [run_plan(s, shares, config, rng) for _ in range(runs)]
+    plans = [run_plan(s, shares, config, rng, alone) for _ in range(runs)]
     out = []
     for k, share in enumerate(shares):
         steps = [p[k] for p in plans]
@@ -209,7 +214,7 @@ def simulate(s: Scenario, shares: list[float], runs: int, seed: int,
             reached=len(reached),
             reached_fail=float(np.mean([r.judge == "fail" for r in reached])) if reached else float("nan"),
             by_step_fail=float(np.mean([any(e.judge == "fail" for e in p[: k + 1]) for p in plans])),
-            alone_fail=float(np.mean([r.alone == "fail" for r in steps])),
+            alone_fail=float(np.mean([r.alone == "fail" for r in steps])) if steps[0].alone != "skipped" else math.nan,
             judge_median_at=float(np.median([r.judge_at for r in steps])),
             alpha_spent=float(np.mean([r.alpha_spent for r in steps])),
             thresholds_fail=float(np.mean([r.thresholds == "fail" for r in steps]))))

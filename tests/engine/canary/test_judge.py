@@ -129,8 +129,8 @@ def test_simulated_canaries_meet_the_issue_rates():
     """1500 seeded rollouts through 5, 25 and 50 % steps: at each step false rollbacks <= 5 % and a 30 % slower
     TTFT caught within 200 canary requests >= 95 %; the threshold gates roll back more good canaries and catch
     fewer slow ones."""
-    good = simulate(SCENARIOS["good, 1 % errors"], PLAN, 1500, seed=11)
-    slow = simulate(SCENARIOS["slow"], PLAN, 1500, seed=12)
+    good = simulate(SCENARIOS["good, 1 % errors"], PLAN, 1500, seed=11, alone=False)
+    slow = simulate(SCENARIOS["slow"], PLAN, 1500, seed=12, alone=False)
     for g, s in zip(good, slow):
         assert g.judge_fail <= 0.05 and g.judge_pass >= 0.95, g
         assert s.judge_fail >= 0.95, s
