@@ -78,7 +78,8 @@ class KeyBook:
         store's one writer, and `rotate` refreshes it)."""
         with self._lock:
             if role not in self._cache:
-                raw = self.store.setting(f"grace:{SECRET_OF[role]}")
+                # a store without settings (Kubernetes' ConfigMap store) never rotates, so it has no grace
+                raw = self.store.setting(f"grace:{SECRET_OF[role]}") if hasattr(self.store, "setting") else None
                 old = ApiKey.model_validate(json.loads(raw)) if raw else None
                 self._cache[role] = (self.store.secret(SECRET_OF[role]), old)
             return self._cache[role]
