@@ -83,3 +83,4 @@ def test_results_and_targets_are_read_from_the_call():
     assert target_of("/v1/groups", {"name": "ctl-b"}) == "ctl-b"
     assert target_of("/v1/pools/scale", {"template": {"name": "pool"}}) == "pool"
     assert target_of("/v1/weights", {"weights": {"b": 1, "a": 2}}) == "a,b"
+
