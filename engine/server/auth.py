@@ -21,6 +21,7 @@ from pydantic import BaseModel, Field
 
 from engine.core.sampling import PRIORITY_RANGE
 from engine.server.errors import APIError
+from tideflow_kernels.atomic_file import atomic_write_text
 
 API_KEYS_ENV = "TIDEFLOW_API_KEYS"
 API_KEY_FILE_ENV = "TIDEFLOW_API_KEY_FILE"  # a key file read again when it changes (the controller's routers)
@@ -137,14 +138,7 @@ def parse_key_lines(text: str) -> list[ApiKey]:
 
 def write_key_file(path: Path, keys: Sequence[ApiKey]) -> None:
     """Replace `path` at once (0600): a reader sees the old file or the new one, never a part."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write("".join(k.entry() + "\n" for k in keys))
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    atomic_write_text(path, "".join(k.entry() + "\n" for k in keys), mode=0o600)
 
 
 class KeySource:
