@@ -4,13 +4,25 @@ import hashlib
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
-from engine.weights.errors import ChecksumMismatchError
+from engine.weights.errors import ChecksumMismatchError, ObjectMissingError
 from engine.weights.manifest import ManifestFile
 from engine.weights.parts import part_ranges, run_ordered, sha256_b64
 from engine.weights.progress import ProgressReporter
-from engine.weights.store import ObjectStore
+from engine.weights.store import ObjectStore, StoredObject
 
 REPUBLISH = "the stored copy is corrupt: republish the version with --force"
+
+
+def stored_entry(store: ObjectStore, entry: ManifestFile) -> StoredObject:
+    """The stored object behind a manifest entry, present and of the manifest's size: the check that pull
+    and verify both make before trusting (or fetching) a file; raises ObjectMissingError or
+    ChecksumMismatchError naming the file."""
+    stored = store.head(entry.path)
+    if stored is None:
+        raise ObjectMissingError(store.url, entry.path)
+    if stored.size != entry.size:
+        raise ChecksumMismatchError(entry.path, f"stored size {stored.size} != manifest size {entry.size}", REPUBLISH)
+    return stored
 
 
 def stream_file(

@@ -18,8 +18,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from engine.weights.errors import ChecksumMismatchError, ObjectMissingError, UnverifiedWeightsError, WeightsError
-from engine.weights.fetch import REPUBLISH, stream_file
+from engine.weights.errors import UnverifiedWeightsError, WeightsError
+from engine.weights.fetch import stored_entry, stream_file
 from engine.weights.manifest import MANIFEST_NAME, Manifest, ManifestFile, read_manifest
 from engine.weights.progress import ProgressCallback, ProgressReporter
 from engine.weights.store import ObjectStore
@@ -208,13 +208,7 @@ def pull(
             dest = cache / entry.path
             if dest.is_file() and dest.stat().st_size == entry.size and file_sha256(dest) == entry.sha256:
                 continue
-            stored = store.head(entry.path)
-            if stored is None:
-                raise ObjectMissingError(store.url, entry.path)
-            if stored.size != entry.size:
-                raise ChecksumMismatchError(
-                    entry.path, f"stored size {stored.size} != manifest size {entry.size}", REPUBLISH
-                )
+            stored_entry(store, entry)  # missing or resized in the store: refused before any byte is fetched
             wanted.append(entry)
         concurrency = max_concurrency or store.config.max_concurrency
         before = store.counters.bytes_downloaded

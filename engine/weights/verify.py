@@ -5,8 +5,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from engine.weights.errors import ChecksumMismatchError, ObjectMissingError
-from engine.weights.fetch import REPUBLISH, stream_file
+from engine.weights.errors import ChecksumMismatchError
+from engine.weights.fetch import REPUBLISH, stored_entry, stream_file
 from engine.weights.manifest import Manifest, read_manifest
 from engine.weights.progress import ProgressCallback, ProgressReporter
 from engine.weights.store import ObjectStore
@@ -38,13 +38,7 @@ def verify(
     store = src if isinstance(src, ObjectStore) else open_store(src, max_concurrency=max_concurrency)
     manifest = read_manifest(store)
     for entry in manifest.files:
-        stored = store.head(entry.path)
-        if stored is None:
-            raise ObjectMissingError(store.url, entry.path)
-        if stored.size != entry.size:
-            raise ChecksumMismatchError(
-                entry.path, f"stored size {stored.size} != manifest size {entry.size}", REPUBLISH
-            )
+        stored = stored_entry(store, entry)
         if not deep:
             if stored.sha256 is None:
                 raise ChecksumMismatchError(
