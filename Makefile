@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export TIDEFLOW_HOME ?= $(CURDIR)/.tideflow
 
-.PHONY: run test test-slow journey bench setup clean prometheus browser gpu-check docs
+.PHONY: run test test-fast test-slow journey bench setup clean prometheus browser gpu-check docs
 
 setup: $(STAMP)
 
@@ -22,6 +22,10 @@ run: $(STAMP)
 
 test: $(STAMP) prometheus browser
 	$(BIN)/python -m pytest -q -m "not slow"
+
+# The inner loop: the tests that start no process and no server (tests/conftest.py marks the others `fleet`).
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -m "not slow and not fleet"
 
 test-slow: $(STAMP) prometheus
 	$(BIN)/python -m pytest -q -m slow

@@ -42,13 +42,13 @@ from common import host  # noqa: E402
 
 from engine.control import discovery  # noqa: E402
 from engine.control.client import ControlAPIError, ControlClient  # noqa: E402
-from engine.default_model import DEFAULT_CONFIG, TINY_CONFIG, write_default_model  # noqa: E402
-from engine.drills.fault import token_diff  # noqa: E402
-from engine.drills.load import replay, run_load_drill_async  # noqa: E402
-from engine.drills.spec import LoadDrillSpec  # noqa: E402
+from engine.offline.default_model import DEFAULT_CONFIG, TINY_CONFIG, write_default_model  # noqa: E402
+from drills.fault import token_diff  # noqa: E402
+from drills.load import replay, run_load_drill_async  # noqa: E402
+from drills.spec import LoadDrillSpec  # noqa: E402
 from engine.group.manager import GroupState  # noqa: E402
 from engine.group.spec import InferenceGroup  # noqa: E402
-from engine.process import Child, free_port, start_service, start_ticks, tideflow_argv  # noqa: E402
+from engine.runtime.process import Child, free_port, start_service, start_ticks, tideflow_argv  # noqa: E402
 
 FAULTS = ("member-kill", "member-stop", "controller", "router", "release")
 DEAD_READY_LIMIT_S = 2.0

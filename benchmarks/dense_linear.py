@@ -22,7 +22,7 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import print_table  # noqa: E402
 
-from engine.default_model import DEFAULT_CONFIG  # noqa: E402
+from engine.offline.default_model import DEFAULT_CONFIG  # noqa: E402
 from engine.model.packed_linear import PackedLinear, packing_available, packing_pays  # noqa: E402
 from tideflow_kernels.timing import compare_us  # noqa: E402
 

@@ -21,7 +21,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import print_table  # noqa: E402
 
-from engine.default_model import DEFAULT_CONFIG, write_default_model  # noqa: E402
+from engine.offline.default_model import DEFAULT_CONFIG, write_default_model  # noqa: E402
 from engine.parallel.dep import DEPConfig  # noqa: E402
 from engine.parallel.launch import run_ranks  # noqa: E402
 from harness.dep_replay import ReplayJob, ReplayStep, SeqSpec, replay_rank  # noqa: E402

@@ -34,12 +34,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import print_table  # noqa: E402
 
 from engine.canary.metrics import histogram_quantile  # noqa: E402
-from engine.default_model import DEFAULT_CONFIG, TINY_CONFIG, write_default_model  # noqa: E402
-from engine.drills.fault import token_diff  # noqa: E402
+from engine.offline.default_model import DEFAULT_CONFIG, TINY_CONFIG, write_default_model  # noqa: E402
+from drills.fault import token_diff  # noqa: E402
 from engine.group.groupset import GroupSetConfig, LocalGroupSet  # noqa: E402
 from engine.group.manager import GroupState  # noqa: E402
 from engine.group.spec import InferenceGroup  # noqa: E402
-from engine.http import bearer_client  # noqa: E402
+from engine.runtime.http import bearer_client  # noqa: E402
 from engine.router.metrics import MIGRATION_STAGES  # noqa: E402
 
 

@@ -30,9 +30,9 @@ import openai
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import host, print_table  # noqa: E402
 
-from engine.default_model import DEFAULT_CONFIG, write_default_model  # noqa: E402
-from engine.drills.workload import PromptSynthesizer  # noqa: E402
-from engine.process import Child, free_port, tideflow_argv, wait_http_ok  # noqa: E402
+from engine.offline.default_model import DEFAULT_CONFIG, write_default_model  # noqa: E402
+from drills.workload import PromptSynthesizer  # noqa: E402
+from engine.runtime.process import Child, free_port, tideflow_argv, wait_http_ok  # noqa: E402
 
 FLOOD_KEY = "fairness-flood"
 

@@ -19,10 +19,10 @@ import tempfile
 from pathlib import Path
 
 from benchmarks.common import print_table
-from engine.default_model import TINY_CONFIG, write_default_model
-from engine.drills.load import run_load_drill
-from engine.drills.spec import LoadDrillSpec
-from engine.process import Child, free_port, tideflow_argv, wait_http_ok
+from engine.offline.default_model import TINY_CONFIG, write_default_model
+from drills.load import run_load_drill
+from drills.spec import LoadDrillSpec
+from engine.runtime.process import Child, free_port, tideflow_argv, wait_http_ok
 
 REPO = Path(__file__).resolve().parents[1]
 KEY = "crosscheck-key"

@@ -27,7 +27,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import host, print_table  # noqa: E402
 
-from engine.default_model import DEFAULT_CONFIG  # noqa: E402
+from engine.offline.default_model import DEFAULT_CONFIG  # noqa: E402
 from engine.kvtier.block_copy import as_bytes, export_each, import_each  # noqa: E402
 from engine.kvtier.keys import decode, encode  # noqa: E402
 from engine.kvtier.tiers import DiskTier  # noqa: E402

@@ -48,12 +48,12 @@ from prometheus_client.parser import text_string_to_metric_families
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import host, print_table  # noqa: E402
 
-from engine.default_model import DEFAULT_CONFIG, write_default_model  # noqa: E402
-from engine.drills.workload import PromptSynthesizer  # noqa: E402
+from engine.offline.default_model import DEFAULT_CONFIG, write_default_model  # noqa: E402
+from drills.workload import PromptSynthesizer  # noqa: E402
 from engine.model.paged import kv_bytes_per_block  # noqa: E402
-from engine.process import Child, free_port, tideflow_argv, wait_http_ok  # noqa: E402
+from engine.runtime.process import Child, free_port, tideflow_argv, wait_http_ok  # noqa: E402
 from engine.router.app import ADMIN_KEYS_ENV, UPSTREAM_KEY_ENV  # noqa: E402
-from engine.tokenizer import Tokenizer  # noqa: E402
+from engine.model.tokenizer import Tokenizer  # noqa: E402
 
 KEY = "kv-tiers-bench"  # one key for every conversation: members run without a per-key token cap
 ADMIN = "kv-tiers-bench-admin"

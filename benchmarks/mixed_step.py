@@ -28,7 +28,7 @@ from common import host, print_table  # noqa: E402
 
 from engine import intraop  # noqa: E402
 from engine.core.model_runner import ModelRunner, SeqStep  # noqa: E402
-from engine.default_model import DEFAULT_CONFIG, write_default_model  # noqa: E402
+from engine.offline.default_model import DEFAULT_CONFIG, write_default_model  # noqa: E402
 from engine.model import paged  # noqa: E402
 from engine.model.loader import load_model  # noqa: E402
 from tideflow_kernels.startup import startup_ops  # noqa: E402

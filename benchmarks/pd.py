@@ -24,7 +24,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import print_table  # noqa: E402
 
-from engine.default_model import DEFAULT_CONFIG, TINY_CONFIG, write_default_model  # noqa: E402
+from engine.offline.default_model import DEFAULT_CONFIG, TINY_CONFIG, write_default_model  # noqa: E402
 from engine.group.groupset import GroupSetConfig, LocalGroupSet  # noqa: E402
 from engine.group.manager import GroupState  # noqa: E402
 from engine.group.spec import InferenceGroup  # noqa: E402

@@ -30,10 +30,10 @@ from common import host, print_table  # noqa: E402
 
 from engine.capacity.plan import SLO, PlanSpec, predict_decode, predict_prefill  # noqa: E402
 from engine.capacity.profile import ProfileSpec, profile_role  # noqa: E402
-from engine.default_model import DEFAULT_CONFIG, write_default_model  # noqa: E402
-from engine.drills.load import run_load_drill  # noqa: E402
-from engine.drills.spec import LoadDrillSpec  # noqa: E402
-from engine.process import Child, free_port, tideflow_argv, wait_http_ok  # noqa: E402
+from engine.offline.default_model import DEFAULT_CONFIG, write_default_model  # noqa: E402
+from drills.load import run_load_drill  # noqa: E402
+from drills.spec import LoadDrillSpec  # noqa: E402
+from engine.runtime.process import Child, free_port, tideflow_argv, wait_http_ok  # noqa: E402
 
 KEY = "plan-check-key"
 

@@ -34,11 +34,11 @@ from engine.capacity.apply import policy_from_plan  # noqa: E402
 from engine.capacity.forecast import Forecast  # noqa: E402
 from engine.capacity.plan import SLO, PlanSpec, plan  # noqa: E402
 from engine.capacity.profile import ProfileSpec, profile_role  # noqa: E402
-from engine.default_model import TINY_CONFIG, write_default_model  # noqa: E402
+from engine.offline.default_model import TINY_CONFIG, write_default_model  # noqa: E402
 from engine.group.groupset import GroupSetConfig, LocalGroupSet  # noqa: E402
 from engine.group.spec import InferenceGroup  # noqa: E402
 from engine.scaling.policy import Bounds, MetricPolicy, Schedule, ScheduleEntry, ScalingPolicy  # noqa: E402
-from engine.tokenizer import Tokenizer  # noqa: E402
+from engine.model.tokenizer import Tokenizer  # noqa: E402
 from harness.tidal_replay import TidalReport, replay_day  # noqa: E402
 from harness.tide import DAY_S, TidalDay  # noqa: E402
 

@@ -33,10 +33,10 @@ import openai
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import host, print_table  # noqa: E402
 
-from engine.default_model import DEFAULT_CONFIG, TINY_CONFIG, write_default_model  # noqa: E402
+from engine.offline.default_model import DEFAULT_CONFIG, TINY_CONFIG, write_default_model  # noqa: E402
 from engine.group.manager import GroupState  # noqa: E402
 from engine.group.spec import InferenceGroup  # noqa: E402
-from engine.process import free_port, start_service, tideflow_argv  # noqa: E402
+from engine.runtime.process import free_port, start_service, tideflow_argv  # noqa: E402
 
 MAX_TOKENS = 400
 

@@ -38,15 +38,15 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import host, print_table  # noqa: E402
 
-from engine.default_model import DEFAULT_CONFIG, TINY_CONFIG, write_default_model  # noqa: E402
+from engine.offline.default_model import DEFAULT_CONFIG, TINY_CONFIG, write_default_model  # noqa: E402
 from engine.group.groupset import GroupSetConfig, LocalGroupSet  # noqa: E402
 from engine.group.manager import GroupState  # noqa: E402
 from engine.group.spec import InferenceGroup  # noqa: E402
-from engine.process import Child, free_port, tideflow_argv, wait_http_ok  # noqa: E402
+from engine.runtime.process import Child, free_port, tideflow_argv, wait_http_ok  # noqa: E402
 from engine.model.loader import read_config  # noqa: E402
-from engine.server.protocol import MAX_MESSAGES  # noqa: E402
-from engine.server.requests import prompt_char_limit  # noqa: E402
-from engine.tokenizer import Tokenizer  # noqa: E402
+from engine.api.protocol import MAX_MESSAGES  # noqa: E402
+from engine.api.requests import prompt_char_limit  # noqa: E402
+from engine.model.tokenizer import Tokenizer  # noqa: E402
 
 MEMBER_KEY = "router-stall-client"
 

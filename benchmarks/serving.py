@@ -17,11 +17,11 @@ import time
 
 import torch
 
-from engine.default_model import DEFAULT_CONFIG, write_default_model
+from engine.offline.default_model import DEFAULT_CONFIG, write_default_model
 from engine.core.llm_engine import EngineConfig, LLMEngine
 from engine.model.loader import load_model
 from engine.core.sampling import SamplingParams
-from engine.tokenizer import Tokenizer
+from engine.model.tokenizer import Tokenizer
 from tideflow_kernels.startup import arch_for, startup_ops
 
 

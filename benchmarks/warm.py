@@ -23,8 +23,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import print_table  # noqa: E402
 
-from engine.default_model import DEFAULT_CONFIG, TINY_CONFIG, write_default_model  # noqa: E402
-from engine.drills import LoadDrillSpec, run_load_drill  # noqa: E402
+from engine.offline.default_model import DEFAULT_CONFIG, TINY_CONFIG, write_default_model  # noqa: E402
+from drills import LoadDrillSpec, run_load_drill  # noqa: E402
 from engine.group.groupset import GroupSetConfig, LocalGroupSet  # noqa: E402
 from engine.group.manager import GroupState, ManagedGroup  # noqa: E402
 from engine.group.spec import InferenceGroup  # noqa: E402

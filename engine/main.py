@@ -1,6 +1,6 @@
 """`python -m engine.main ...`: the engine's own commands, one parser; each subsystem registers its subcommands.
 
-This is how the engine starts its processes (members, routers, controllers: engine.process.tideflow_argv)
+This is how the engine starts its processes (members, routers, controllers: engine.runtime.process.tideflow_argv)
 without reaching up into the Prefect layer. The `tideflow` command (flows/cli.py) is these commands plus the
 pipeline's (`release`, `ui`), which live above the engine.
 """
@@ -12,12 +12,12 @@ import importlib
 import logging
 import sys
 
-from engine.errors import TideflowError
+from engine.runtime.errors import TideflowError
 from tideflow_kernels import isa
 
 # Modules exposing add_commands(subparsers), imported in this order.
-ENGINE_COMMANDS = ("engine.cli", "engine.serve_cli", "engine.router.cli", "engine.control.cli", "engine.control.group_cli",
-                   "engine.control.audit_cli", "engine.control.keys_cli", "engine.weights.cli", "tideflow_kernels.cli", "engine.drills.cli", "engine.capacity.cli")
+ENGINE_COMMANDS = ("engine.offline.cli", "engine.server.cli", "engine.router.cli", "engine.control.cli", "engine.control.group_cli",
+                   "engine.control.audit_cli", "engine.control.keys_cli", "engine.weights.cli", "tideflow_kernels.cli", "engine.capacity.cli")
 
 
 def build_parser(modules: tuple[str, ...] = ENGINE_COMMANDS) -> argparse.ArgumentParser:

@@ -12,7 +12,7 @@ from engine.canary import CanaryPlan
 from engine.canary.rollout import CanaryError, CanaryReport
 from engine.control.client import ControlClient
 from engine.control.models import GroupView, describe_fleet
-from engine.errors import TideflowError
+from engine.runtime.errors import TideflowError
 from engine.group.manager import GroupState
 from engine.group.spec import InferenceGroup
 from flows.deploy_group import deploy_group

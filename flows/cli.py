@@ -7,7 +7,9 @@ import sys
 
 from engine import main as engine_main
 
-COMMAND_MODULES = (*engine_main.ENGINE_COMMANDS, "flows.pipeline_cli")
+# `tideflow drill` sits above the engine (drills/ drives a running fleet), so the engine's own command does not
+# register it: this one does.
+COMMAND_MODULES = (*engine_main.ENGINE_COMMANDS, "drills.cli", "flows.pipeline_cli")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -16,7 +16,7 @@ from prefect.flows import load_flow_from_entrypoint
 from prefect.schedules import Cron
 from pydantic import BaseModel, ConfigDict, Field
 
-from engine.errors import TideflowError
+from engine.runtime.errors import TideflowError
 
 # Entrypoints (flows/x.py:f) are relative to the directory that holds the flows package: the repository,
 # or site-packages once installed; `prefect deploy` reads them relative to its working directory, the same.

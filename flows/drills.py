@@ -15,12 +15,12 @@ from pydantic import BaseModel, Field
 from engine.control import discovery
 from engine.control.client import ControlClient
 from engine.control.models import GroupView, describe_fleet
-from engine.drills.fault import FaultDrillReport, FaultDrillSpec
-from engine.drills.results import LoadDrillReport
-from engine.drills.spec import LoadDrillSpec
-from engine.errors import TideflowError
+from drills.fault import FaultDrillReport, FaultDrillSpec
+from drills.results import LoadDrillReport
+from drills.spec import LoadDrillSpec
+from engine.runtime.errors import TideflowError
 from engine.group.spec import InferenceGroup
-from engine.paths import home
+from engine.runtime.paths import home
 from engine.router.registry import GROUP_NAME_PATTERN
 from tasks.drills import restore_after_standby_drill, run_fault_drill, run_load_drill, start_standby_copy
 from tasks.fleet import changing_fleet

@@ -26,7 +26,7 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _prefect_home() -> None:
-    from engine.paths import home
+    from engine.runtime.paths import home
 
     os.environ.setdefault("PREFECT_HOME", str(home() / "prefect"))
     Path(os.environ["PREFECT_HOME"]).mkdir(parents=True, exist_ok=True)  # Prefect creates only the last level
@@ -86,8 +86,8 @@ def _ui(args: argparse.Namespace) -> int:
     _prefect_home()
     _stop_on_sigterm()
     from engine.control.launch import ensure_controller, stop_controller
-    from engine.paths import home
-    from engine.process import Child, wait_http_ok
+    from engine.runtime.paths import home
+    from engine.runtime.process import Child, wait_http_ok
 
     api = f"http://127.0.0.1:{args.port}/api"
     server = Child("prefect-server", [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1",

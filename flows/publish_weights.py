@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from prefect import flow
 
-from engine.default_model import DEFAULT_CONFIG, write_default_model
-from engine.paths import home
+from engine.offline.default_model import DEFAULT_CONFIG, write_default_model
+from engine.runtime.paths import home
 from flows.params import WeightsParams
 from tasks.weights import publish_weights as publish_task
 from tasks.weights import verify_weights

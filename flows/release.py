@@ -16,10 +16,10 @@ from pydantic import BaseModel, Field
 
 from engine.canary import CanaryPlan, CanaryStep
 from engine.canary.judge import JudgeConfig
-from engine.drills.load import run_load_drill as background_load
-from engine.drills.spec import LoadDrillSpec
+from drills.load import run_load_drill as background_load
+from drills.spec import LoadDrillSpec
 from engine.control.client import ControlClient
-from engine.errors import TideflowError
+from engine.runtime.errors import TideflowError
 from flows.build_kernels import build_kernels
 from flows.canary_release import ROLLED_BACK, CanaryParams, CanaryRolledBack, canary_release
 from flows.deploy_group import deploy_group

@@ -11,7 +11,7 @@ from pydantic import BaseModel, Field
 
 from engine.control.client import ControlClient
 from engine.control.models import AutoscalerView
-from engine.errors import TideflowError
+from engine.runtime.errors import TideflowError
 from engine.group.spec import InferenceGroup
 from engine.scaling.policy import Bounds, ScalingPolicy
 from engine.scaling.pool import ScaleResult

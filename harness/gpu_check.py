@@ -42,7 +42,7 @@ class Check:
     def model_dir(self) -> Path:
         """The default model (random weights, real tokenizer; the 2-layer one with --tiny), written once per run."""
         if self._model_dir is None:
-            from engine.default_model import DEFAULT_CONFIG, TINY_CONFIG, write_default_model
+            from engine.offline.default_model import DEFAULT_CONFIG, TINY_CONFIG, write_default_model
 
             config = TINY_CONFIG if self.tiny else DEFAULT_CONFIG
             self._model_dir = write_default_model(self.work / "model", config.model_copy(update={"dtype": "float32"}))
@@ -94,7 +94,7 @@ class Check:
         near-ties, where either choice is right). Our own greedy run is then compared token by token."""
         import transformers
 
-        from engine.generate import generate
+        from engine.offline.generate import generate
         from engine.model import load_model
         from engine.core.sampling import SamplingParams
 
@@ -146,7 +146,7 @@ class Check:
     def decode(self) -> str:
         from transformers import AutoModelForCausalLM
 
-        from engine.generate import GenerationStats, generate
+        from engine.offline.generate import GenerationStats, generate
         from engine.model import load_model
         from engine.core.sampling import SamplingParams
 
@@ -177,7 +177,7 @@ class _Members:
         self.urls: list[str] = []
 
     def __enter__(self) -> "_Members":
-        from engine.process import Child, free_port, tideflow_argv, wait_http_ok
+        from engine.runtime.process import Child, free_port, tideflow_argv, wait_http_ok
 
         model = str(self.check.model_dir())
         dist = f"127.0.0.1:{free_port()}"
@@ -266,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", default=",".join(STEPS), help=f"comma-separated, of {', '.join(STEPS)}")
     ap.add_argument("--tiny", action="store_true", help="serve the 2-layer model instead of the default one (CI)")
     args = ap.parse_args(argv)
-    from engine.device import DeviceError, resolve_device
+    from engine.runtime.device import DeviceError, resolve_device
 
     try:
         device = resolve_device(args.device)

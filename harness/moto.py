@@ -1,4 +1,4 @@
-"""moto's S3 server in its own process on loopback, through the one process supervisor (engine.process): the
+"""moto's S3 server in its own process on loopback, through the one process supervisor (engine.runtime.process): the
 S3 the tests and benchmarks talk to over real HTTP."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from engine.process import Child, free_port, start_service
+from engine.runtime.process import Child, free_port, start_service
 
 
 def start_moto(log: Path, timeout_s: float = 30.0) -> tuple[Child, str]:

@@ -14,8 +14,8 @@ from urllib.parse import urlparse
 import jinja2
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
-from engine.errors import TideflowError
-from engine.process import Child, free_port, wait_http_ok
+from engine.runtime.errors import TideflowError
+from engine.runtime.process import Child, free_port, wait_http_ok
 
 TEMPLATE = Path(__file__).resolve().parents[1] / "deployments" / "prometheus" / "prometheus.yml.j2"
 

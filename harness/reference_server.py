@@ -15,8 +15,8 @@ from fastapi import FastAPI, HTTPException
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, Field
 
-from engine.server.inproc import serve_in_thread
-from engine.server.protocol import (
+from engine.api.inproc import serve_in_thread
+from engine.api.protocol import (
     ChatCompletionChunk, ChatCompletionRequest, ChatDelta, ChatStreamChoice, CompletionChoice, CompletionRequest,
     CompletionResponse, ErrorDetail, ErrorResponse, ModelCard, ModelList, new_id, usage,
 )

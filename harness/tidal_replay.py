@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 from pydantic import BaseModel, Field
 
-from engine.drills import LoadDrillSpec, run_load_drill
+from drills import LoadDrillSpec, run_load_drill
 from engine.group.groupset import LocalGroupSet
 from engine.group.spec import InferenceGroup
 from engine.scaling.autoscaler import Autoscaler

@@ -15,7 +15,7 @@ from time import monotonic
 import numpy as np
 from pydantic import BaseModel, Field
 
-from engine.drills.workload import VOCABULARY
+from drills.workload import VOCABULARY
 from engine.scaling.policy import Schedule, ScheduleEntry
 
 DAY_S = 86_400.0

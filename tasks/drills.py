@@ -9,14 +9,14 @@ from prefect import get_run_logger, task
 from prefect.artifacts import create_image_artifact, create_link_artifact, create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
-from engine.drills.fault import FaultDrillError, FaultDrillReport, FaultDrillSpec, run_fault_drill as fault_drill
-from engine.drills.load import run_load_drill as load_drill
-from engine.drills.results import LoadDrillReport
-from engine.drills.spec import LoadDrillSpec
+from drills.fault import FaultDrillError, FaultDrillReport, FaultDrillSpec, run_fault_drill as fault_drill
+from drills.load import run_load_drill as load_drill
+from drills.results import LoadDrillReport
+from drills.spec import LoadDrillSpec
 from engine.control.client import ControlClient
-from engine.drills.fault_report import write_fault_report
+from drills.fault_report import write_fault_report
 from engine.group.manager import GroupState
-from engine.paths import home
+from engine.runtime.paths import home
 from tasks.progress import ProgressArtifact
 
 

@@ -11,7 +11,7 @@ from prefect.artifacts import create_table_artifact
 
 from engine.control.client import ControlClient
 from engine.control.models import GroupView
-from engine.errors import TideflowError
+from engine.runtime.errors import TideflowError
 from engine.group.manager import GroupState
 from engine.group.spec import InferenceGroup
 from tasks.retry import BACKOFF, JITTER

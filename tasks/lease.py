@@ -18,7 +18,7 @@ from typing import Iterator
 from prefect.runtime import flow_run
 
 from engine.control.client import ControlAPIError, ControlClient
-from engine.errors import TideflowError
+from engine.runtime.errors import TideflowError
 
 log = logging.getLogger(__name__)  # the renewer runs outside the flow run's context
 _holder: ContextVar[str | None] = ContextVar("tideflow_fleet_holder", default=None)

@@ -10,7 +10,7 @@ from prefect.cache_policies import NO_CACHE
 
 from engine.control.client import ControlClient
 from engine.control.models import GroupView, ScalePool
-from engine.errors import TideflowError
+from engine.runtime.errors import TideflowError
 from engine.group.manager import GroupState
 from engine.group.spec import InferenceGroup
 from engine.scaling.policy import Bounds

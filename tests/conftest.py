@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import os
+import socket
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
-from engine.default_model import DEFAULT_CONFIG, TINY_CONFIG, write_default_model
-from engine.process import start_ticks
+from engine.offline.default_model import DEFAULT_CONFIG, TINY_CONFIG, write_default_model
+from engine.runtime.process import start_ticks
 from harness.moto import start_moto
 from tideflow_kernels.spec import KERNELS_ENV
 
@@ -112,7 +114,7 @@ def controller(tideflow_home, controller_model_dir, controller_args):
     `tideflow down` stops the fleet, and no process of this home may be left."""
     from engine.control.client import ControlClient
     from engine.control.local_runtime import stop_recorded_fleet
-    from engine.process import free_port, start_service, tideflow_argv
+    from engine.runtime.process import free_port, start_service, tideflow_argv
 
     port = free_port()
     model = ["--model-dir", str(controller_model_dir)] if controller_model_dir is not None else []
@@ -131,3 +133,69 @@ def controller(tideflow_home, controller_model_dir, controller_args):
             child.stop(grace_s=60)
             stop_recorded_fleet()  # whatever a failed `down` left
             assert_nothing_left(tideflow_home)
+
+
+# ---- the inner loop: `make test-fast` (`pytest -m "not fleet"`) -------------------------------------------------
+# A `fleet` test starts processes or servers: a server through the one supervisor (members, routers, controllers,
+# Prometheus, moto, Prefect's API), a `tideflow` command line, another Python process, a compiler (a kernel build),
+# a multiprocessing worker (DEP ranks), or a socket that listens (an app served on a thread). Those need ports,
+# homes and reaping, and they are what makes the suite take minutes. A module says so with
+# `pytestmark = pytest.mark.fleet`; a module with a test that uses one of FLEET_FIXTURES is marked here. What is
+# not marked may start none of them: the guard below fails such a test, naming what it started, so the marks stay
+# true as tests change.
+FLEET_FIXTURES = frozenset({"s3_endpoint", "controller", "prefect_api", "flow_home"})
+_HARMLESS = frozenset({"uname"})  # platform.processor() asks it
+
+
+def pytest_collection_modifyitems(config, items):
+    """Whole modules: a module-scoped fixture of a fleet test is torn down after the module's last test."""
+    fleet_modules = {item.module for item in items
+                     if FLEET_FIXTURES & set(getattr(item, "fixturenames", ())) or item.get_closest_marker("fleet")}
+    for item in items:
+        if item.module in fleet_modules:
+            item.add_marker(pytest.mark.fleet)
+
+
+class _Guard:
+    """Refuses processes and listening sockets while an unmarked test runs (setup and teardown included)."""
+
+    def __init__(self, nodeid: str) -> None:
+        self.nodeid = nodeid
+        self.saved = (subprocess.Popen.__init__, socket.socket.listen, multiprocessing.process.BaseProcess.start)
+
+    def refuse(self, what: str):
+        raise RuntimeError(f"{self.nodeid} starts {what} but is not marked fleet: add `pytestmark = "
+                           "pytest.mark.fleet` to its module (tests/conftest.py says why)")
+
+    def __enter__(self) -> "_Guard":
+        popen, listen, start = self.saved
+        guard = self
+
+        def guarded_popen(proc, args, *a, **kw):
+            argv = [str(x) for x in (args if isinstance(args, (list, tuple)) else [args])]
+            if os.path.basename(argv[0]) not in _HARMLESS:
+                guard.refuse(f"a process ({' '.join(argv[:3])})")
+            return popen(proc, args, *a, **kw)
+
+        def guarded_listen(sock, *a):
+            guard.refuse(f"a server (a socket listening on {sock.getsockname()})")
+
+        def guarded_start(process):
+            guard.refuse(f"a multiprocessing worker ({process.name})")
+
+        subprocess.Popen.__init__ = guarded_popen
+        socket.socket.listen = guarded_listen
+        multiprocessing.process.BaseProcess.start = guarded_start
+        return self
+
+    def __exit__(self, *exc) -> None:
+        subprocess.Popen.__init__, socket.socket.listen, multiprocessing.process.BaseProcess.start = self.saved
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    if item.get_closest_marker("fleet") is not None:
+        yield
+        return
+    with _Guard(item.nodeid):
+        yield

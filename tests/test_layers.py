@@ -11,24 +11,27 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("engine", "tideflow_kernels", "tasks", "flows")
+PACKAGES = ("engine", "tideflow_kernels", "drills", "tasks", "flows")
 
 # Bottom to top. A unit may import units of its own layer or below; within a layer, no circles.
 LAYERS: list[tuple[str, ...]] = [
-    ("tideflow_kernels", "engine", "engine.argtypes", "engine.errors", "engine.paths", "engine.http", "engine.metrics",
-     "engine.intraop", "engine.process", "engine.device", "engine.tokenizer", "engine.weights", "engine.transfer"),
-    ("engine.model", "engine.encoder"),  # the model and the vision encoder
+    ("tideflow_kernels", "engine", "engine.runtime", "engine.telemetry", "engine.weights", "engine.transfer"),
+    # ^ the package root, its host runtime (processes, threads, devices, paths, errors, the HTTP client),
+    #   telemetry (metrics), weights in object stores, KV transfer
+    ("engine.model", "engine.encoder"),  # the model (and its tokenizer) and the vision encoder
     ("engine.kvtier",),  # KV blocks below the device pool: host memory, disk, a shared store
     ("engine.core",),  # the engine core: scheduler, KV blocks, model runner, sampler, PD handoff, the engine loop
-    ("engine.generate",),  # a plain generation loop over the core's runner (tests, benchmarks)
-    ("engine.server", "engine.parallel"),  # one member: its HTTP front, DEP ranks
-    ("engine.serve_cli", "engine.default_model", "engine.router"),  # starting a member; the gateway
-    ("engine.group", "engine.canary", "engine.cli"),  # groups of members; canary verbs
+    ("engine.offline", "engine.api"),  # a model without a server (default checkpoint, reference loop, model
+    #                                    commands); the HTTP kit every server shares
+    ("engine.server", "engine.parallel"),  # one member: its HTTP front and `serve`, DEP ranks
+    ("engine.router",),  # the gateway
+    ("engine.group", "engine.canary"),  # groups of members; canary verbs
     ("engine.scaling",),  # warm pool and autoscaler over groups
     ("engine.capacity",),  # capacity planning: role profiles (a plan will write the autoscaler's floors)
     ("engine.control",),  # the controller that owns the fleet
-    ("engine.drills",),  # load and fault drills against a running fleet
-    ("engine.main", "tasks"),  # the engine's commands; Prefect tasks
+    ("engine.main",),  # the engine's commands
+    ("drills",),  # load and fault drills against a running fleet (above the engine: they drive it from outside)
+    ("tasks",),  # Prefect tasks
     ("flows",),  # Prefect flows and the tideflow command
 ]
 RANK = {unit: i for i, layer in enumerate(LAYERS) for unit in layer}
@@ -90,7 +93,7 @@ def unit_graph() -> tuple[dict[str, set[str]], dict[tuple[str, str], str], dict[
 
 
 def _exists(module: str) -> bool:
-    """`from engine import intraop` adds 'engine.intraop' (a module) and `from engine.x import Name`
+    """`from engine.runtime import intraop` adds 'engine.runtime.intraop' (a module) and `from engine.x import Name`
     adds 'engine.x.Name' (not one): only names that are files or packages count."""
     rel = Path(*module.split("."))
     return (ROOT / rel).with_suffix(".py").exists() or (ROOT / rel / "__init__.py").exists()

@@ -4,6 +4,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.fleet  # starts processes or servers (tests/conftest.py)
+
 REPO = Path(__file__).resolve().parents[1]
 
 

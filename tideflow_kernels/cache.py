@@ -18,7 +18,7 @@ SOURCE_SUFFIXES = (".h", ".cpp", ".cuh", ".cu")
 
 
 def home() -> Path:
-    """engine.paths.home's rule (kernels sit below the engine and import nothing of it): $TIDEFLOW_HOME, or
+    """engine.runtime.paths.home's rule (kernels sit below the engine and import nothing of it): $TIDEFLOW_HOME, or
     ~/.tideflow when it is unset or empty."""
     return Path(os.environ.get("TIDEFLOW_HOME") or "~/.tideflow").expanduser()
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from pydantic import BaseModel, Field
 
 from engine.canary.metrics import GroupFigures
-from engine.errors import TideflowError
+from engine.runtime.errors import TideflowError
 
 FIGURES = ("requests", "errors", "error_rate", "ttft_p99_s", "tpot_p99_s", "throughput_tps")
 

@@ -22,7 +22,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import BaseModel, Field
 
-from engine.http import bearer_client
+from engine.runtime.http import bearer_client
 from engine.router.admin import scrape_members
 
 QUANTILE = 0.99

@@ -21,7 +21,7 @@ from engine.canary.judge import ErrorCounts, MetricVerdict, Samples, SequentialJ
 from engine.canary.metrics import GroupFigures, MetricsSource
 from engine.canary.plan import CanaryPlan, CanaryStep
 from engine.canary.samples import RouterSamples
-from engine.errors import TideflowError
+from engine.runtime.errors import TideflowError
 from engine.router.admin import wait_drained
 from engine.router.samples import Sample
 

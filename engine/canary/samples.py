@@ -18,8 +18,8 @@ from collections.abc import Callable
 import httpx
 
 from engine.canary.judge import Samples
-from engine.errors import TideflowError
-from engine.http import bearer_client
+from engine.runtime.errors import TideflowError
+from engine.runtime.http import bearer_client
 from engine.router.samples import Sample, SamplePage
 
 log = logging.getLogger(__name__)

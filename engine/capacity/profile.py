@@ -24,7 +24,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from engine.core.sampling import SamplingParams
-from engine.paths import default_model_dir, home
+from engine.runtime.paths import default_model_dir, home
 from tideflow_kernels import isa
 from tideflow_kernels.atomic_file import atomic_write_text
 
@@ -149,7 +149,7 @@ def profile_role(spec: ProfileSpec, progress: Progress | None = None) -> RolePro
     from engine.core.engine_config import EngineConfig
     from engine.core.llm_engine import LLMEngine
     from engine.model.loader import load_model, read_config
-    from engine.tokenizer import Tokenizer
+    from engine.model.tokenizer import Tokenizer
     from tideflow_kernels.startup import arch_for, startup_ops
 
     say = progress or (lambda _msg: None)

@@ -24,9 +24,9 @@ from engine.control.targets import Job, TargetGroup
 from engine.router.registry import GROUP_NAME_PATTERN
 from engine.router.sync import RouteSet, RouterReport
 from engine.scaling.pool import ScaleResult
-from engine.server.auth import BearerAuth, KeySource, publish_openapi
-from engine.server.limits import BodyLimit
-from engine.server.errors import APIError, install_error_handlers
+from engine.api.auth import BearerAuth, KeySource, publish_openapi
+from engine.api.limits import BodyLimit
+from engine.api.errors import APIError, install_error_handlers
 
 GroupName = Annotated[str, Path(pattern=GROUP_NAME_PATTERN, description="group name (a DNS-1123 label)")]
 

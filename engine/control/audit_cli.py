@@ -22,7 +22,7 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     from engine.control.audit import AUDIT_FILE, read_entries, verify
-    from engine.paths import home
+    from engine.runtime.paths import home
 
     path = args.file or home() / AUDIT_FILE
     if not path.is_file():

@@ -16,7 +16,7 @@ from typing import Any, Callable
 from urllib.parse import parse_qs
 
 from engine.control.audit import AuditLog
-from engine.server.auth import key_digest
+from engine.api.auth import key_digest
 
 NOT_AUDITED = {("POST", "/v1/routes/report")}
 CAPTURE_BYTES = 1 << 20  # the API's own body limit: nothing larger reaches a handler

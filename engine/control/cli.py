@@ -12,8 +12,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from engine.errors import TideflowError
-from engine.server import connection_limits
+from engine.runtime.errors import TideflowError
+from engine.api import connection_limits
 
 if TYPE_CHECKING:
     from engine.control.leader import LeaseElector
@@ -70,15 +70,15 @@ def _controller(args: argparse.Namespace) -> int:
     import uvicorn
 
     from engine.control import discovery
-    from engine.server.connections import server_config
+    from engine.api.connections import server_config
     from engine.control.api import create_control_app
     from engine.control.controller import Controller
     from engine.control.home_lock import HomeLock
     from engine.control.runtime import BACKEND_ENV, ControllerConfig
-    from engine.default_model import write_default_model
+    from engine.offline.default_model import write_default_model
     from engine.group.capacity import CapacityCheck
-    from engine.paths import default_model_dir
-    from engine.process import start_ticks
+    from engine.runtime.paths import default_model_dir
+    from engine.runtime.process import start_ticks
 
     held = HomeLock() if (args.backend or os.environ.get(BACKEND_ENV, "local")) == "local" else None
     model_dir = args.model_dir or default_model_dir()
@@ -134,7 +134,7 @@ def _lead(config) -> LeaseElector:
     from engine.control.api import create_standby_app
     from engine.control.leader import LeaseElector
     from engine.group.k8s.backend import api_client
-    from engine.server.inproc import serve_in_thread
+    from engine.api.inproc import serve_in_thread
 
     identity = os.environ.get(POD_NAME_ENV) or socket.gethostname()
     elector = LeaseElector(api_client(), config.namespace, identity, pod=os.environ.get(POD_NAME_ENV))
@@ -161,8 +161,8 @@ def _router_replica(args: argparse.Namespace) -> int:
     from engine.control import discovery
     from engine.control.local_runtime import router_env
     from engine.control.store import Store
-    from engine.paths import home
-    from engine.process import loopback_members, tideflow_argv
+    from engine.runtime.paths import home
+    from engine.runtime.process import loopback_members, tideflow_argv
 
     info = discovery.find()
     if info.pid is None:
@@ -226,7 +226,7 @@ def _down(args: argparse.Namespace) -> int:
     from engine.control import discovery
     from engine.control.client import ControlClient
     from engine.control.local_runtime import stop_recorded_fleet
-    from engine.process import start_ticks
+    from engine.runtime.process import start_ticks
 
     try:
         info = discovery.find()

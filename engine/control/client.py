@@ -12,10 +12,10 @@ from engine.control.keys import RotateKey, Rotated
 from engine.control.models import (ApplyGroup, AutoscalerBody, AutoscalerView, CanaryRecord, FleetStatus, GroupView,
                                    Killed, KillMember, Lease, LeaseRequest, ParkBody, ScalePool, Seconds, WeightsSet)
 from engine.control.store import Event
-from engine.errors import TideflowError
+from engine.runtime.errors import TideflowError
 from engine.group.manager import GroupState
 from engine.group.spec import InferenceGroup
-from engine.http import bearer_client
+from engine.runtime.http import bearer_client
 from engine.scaling.policy import ScalingPolicy
 from engine.scaling.pool import ScaleResult
 
@@ -43,8 +43,9 @@ class ControlClient:
 
     def _call(self, method: str, path: str, **kw):
         try:
+            sent = self._http.headers.get("authorization")
             r = self._http.request(method, path, **kw)
-            if r.status_code == 401 and self._rekeyed():  # a long run outliving its key's grace: the new key
+            if r.status_code == 401 and self._rekeyed(sent):  # a long run outliving its key's grace: the new key
                 r = self._http.request(method, path, **kw)
         except httpx.HTTPError as exc:
             raise ControlAPIError(f"controller {self.url} did not answer {method} {path}: {exc}") from None
@@ -56,10 +57,14 @@ class ControlClient:
             raise ControlAPIError(f"controller refused {method} {path} ({r.status_code}): {message}", r.status_code)
         return r.json()
 
-    def _rekeyed(self) -> bool:
-        """Take the admin key discovery holds now, if it is another one for the same controller."""
+    def _rekeyed(self, sent: str | None) -> bool:
+        """Whether a call refused with the header `sent` is worth one more try: another thread sharing this client
+        already took the new key (two calls refused at once both retry, not only the first), or discovery holds
+        another key for the same controller now, which this client takes."""
         if not self._rediscover:
             return False
+        if self._http.headers.get("authorization") != sent:
+            return True
         try:
             info = discovery.find()
         except TideflowError:

@@ -35,14 +35,14 @@ from engine.control.switch_claims import SwitchClaims
 from engine.group.backend import BackendError
 from engine.group.manager import GroupManager, GroupState, ManagedGroup
 from engine.group.spec import InferenceGroup
-from engine.http import bearer_client
+from engine.runtime.http import bearer_client
 from engine.router.admin import RouterAdminError, scrape_members
-from engine.paths import home
+from engine.runtime.paths import home
 from engine.scaling.autoscaler import Autoscaler, AutoscalerStopped
 from engine.scaling.observe import SetObserver
 from engine.scaling.policy import Bounds
 from engine.scaling.pool import ScaleResult, WarmPool
-from engine.server.auth import DIGEST_PREFIX, key_digest
+from engine.api.auth import DIGEST_PREFIX, key_digest
 from engine.transfer.shm import reap_orphan_segments
 
 log = logging.getLogger(__name__)

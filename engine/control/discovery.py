@@ -12,9 +12,9 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
-from engine.errors import TideflowError
-from engine.paths import home
-from engine.process import start_ticks
+from engine.runtime.errors import TideflowError
+from engine.runtime.paths import home
+from engine.runtime.process import start_ticks
 from tideflow_kernels.atomic_file import atomic_write_text
 
 URL_ENV = "TIDEFLOW_CONTROLLER_URL"

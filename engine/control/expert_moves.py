@@ -17,7 +17,7 @@ from pydantic import BaseModel, Field
 
 from engine.group.backend import MemberStatus, Phase
 from engine.group.spec import InferenceGroup
-from engine.http import bearer_client
+from engine.runtime.http import bearer_client
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ import os
 import sys
 from pathlib import Path
 
-from engine.errors import TideflowError
+from engine.runtime.errors import TideflowError
 
 
 def add_commands(subparsers: argparse._SubParsersAction) -> None:

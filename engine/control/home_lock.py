@@ -15,8 +15,8 @@ import os
 from pathlib import Path
 
 from engine.control import discovery
-from engine.errors import TideflowError
-from engine.paths import home
+from engine.runtime.errors import TideflowError
+from engine.runtime.paths import home
 
 
 class HomeLocked(TideflowError):

@@ -19,7 +19,7 @@ from engine.control.store import effective_groups
 from engine.group.backend import BackendError, GroupHandle
 from engine.group.k8s.backend import KubernetesBackend, api_client
 from engine.group.manager import GroupManager
-from engine.paths import home
+from engine.runtime.paths import home
 
 
 class KubernetesRuntime(Runtime):

@@ -26,8 +26,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from engine.errors import TideflowError
-from engine.server.auth import ApiKey, key_state, write_key_file
+from engine.runtime.errors import TideflowError
+from engine.api.auth import ApiKey, key_state, write_key_file
 
 Role = Literal["client", "admin", "routes", "upstream"]
 SECRET_OF: dict[str, str] = {"client": "router_client", "admin": "controller_admin", "routes": "routes",

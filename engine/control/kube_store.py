@@ -27,7 +27,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from engine.control.store import DesiredGroup, Event, GroupDecision
-from engine.errors import TideflowError
+from engine.runtime.errors import TideflowError
 from engine.group.k8s.manifests import KEYS_SECRET
 
 log = logging.getLogger(__name__)

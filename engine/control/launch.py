@@ -8,8 +8,8 @@ import time
 from engine.control import discovery
 from engine.control.client import ControlAPIError, ControlClient
 from engine.control.local_runtime import stop_recorded_fleet
-from engine.paths import home
-from engine.process import Child, tideflow_argv
+from engine.runtime.paths import home
+from engine.runtime.process import Child, tideflow_argv
 
 
 def ensure_controller(timeout_s: float = 180.0) -> Child | None:

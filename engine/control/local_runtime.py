@@ -19,11 +19,11 @@ from engine.control.store import Store, effective_groups
 from engine.group.backend import BackendError
 from engine.group.local import LocalProcessBackend, MemberRecord
 from engine.group.manager import GroupManager
-from engine.paths import home
-from engine.process import adopt, free_port, port_free
+from engine.runtime.paths import home
+from engine.runtime.process import adopt, free_port, port_free
 from engine.router.app import ADMIN_KEYS_ENV, UPSTREAM_KEY_ENV
 from engine.router.sync import ROUTES_KEY_ENV
-from engine.server.auth import API_KEY_FILE_ENV
+from engine.api.auth import API_KEY_FILE_ENV
 
 
 class LocalRuntime(Runtime):

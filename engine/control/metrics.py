@@ -16,7 +16,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from pydantic import BaseModel
 
 from engine.group.manager import GroupState, GroupStatus
-from engine.metrics import LATENCY_BUCKETS
+from engine.telemetry.metrics import LATENCY_BUCKETS
 
 
 ACTIVATION_TRIGGERS = ("api", "pool", "replacement")  # who switched a standby group to serving

@@ -22,8 +22,8 @@ from pydantic import BaseModel, Field
 
 from engine.control.store import RouterRecord, Store
 from engine.group.backend import BackendError
-from engine.paths import home
-from engine.process import Adopted, Child, adopt, free_port, loopback_members, tideflow_argv, wait_http_ok
+from engine.runtime.paths import home
+from engine.runtime.process import Adopted, Child, adopt, free_port, loopback_members, tideflow_argv, wait_http_ok
 
 STEADY_S = 30.0  # a replica that lived this long died of something new: start it again at once
 MAX_PAUSE_S = 30.0

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from engine.core.resume import Resume
 from engine.core.sampling import SamplingParams
-from engine.errors import TideflowError
+from engine.runtime.errors import TideflowError
 
 
 class EngineError(TideflowError):
@@ -19,7 +19,7 @@ class EngineError(TideflowError):
 
 class PromptTooLong(EngineError):
     param = "prompt"
-    code = "context_length_exceeded"  # as the size check before tokenizing says it (engine/server/requests.py)
+    code = "context_length_exceeded"  # as the size check before tokenizing says it (engine/api/requests.py)
 
 
 class QueueFull(EngineError):

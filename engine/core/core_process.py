@@ -12,7 +12,7 @@ I/O threads move messages (engine/core/core_messages.py) over ZMQ, whose sends a
 Failure: an API server silent for CLIENT_TIMEOUT_S has its requests aborted (their KV blocks freed). When the
 engine thread fails, its requests get their error, the outputs are flushed and the process exits with
 EXIT_ENGINE_FAILED; the API servers see it gone, end their streams and exit, and the group is rebuilt. When the
-process that started the core dies, the core leaves too (engine.process.die_with_parent).
+process that started the core dies, the core leaves too (engine.runtime.process.die_with_parent).
 
 Run by engine/server/core_client.py: `python -m engine.core.core_process SPEC_JSON`.
 """
@@ -38,8 +38,8 @@ from engine.core.llm_engine import LLMEngine
 from engine.core.outputs import RequestOutput
 from engine.core.resume import Resume
 from engine.core.sampling import SamplingParams
-from engine.errors import EXIT_ENGINE_FAILED, exit_member
-from engine.process import die_with_parent
+from engine.runtime.errors import EXIT_ENGINE_FAILED, exit_member
+from engine.runtime.process import die_with_parent
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +50,7 @@ class CoreSpec(BaseModel):
     model_dir: str = Field(description="the checkpoint directory (already pulled and verified)")
     engine: EngineConfig
     input_address: str = Field(description="ZMQ address the core binds its ROUTER on (ipc://...)")
-    threads: int | None = Field(None, ge=1, description="the engine thread's compute threads (engine/intraop.py)")
+    threads: int | None = Field(None, ge=1, description="the engine thread's compute threads (engine/runtime/intraop.py)")
     kernels: str | None = Field(None, description="tideflow_kernels.startup mode")
     metrics_group: str = ""
     metrics_version: str = ""
@@ -262,9 +262,9 @@ def _wire(out: RequestOutput) -> m.Output:
 
 
 def main(argv: list[str]) -> int:
-    from engine import intraop
-    from engine.device import resolve_device
-    from engine.metrics import MetricFactory, ServingMetrics
+    from engine.runtime import intraop
+    from engine.runtime.device import resolve_device
+    from engine.telemetry.metrics import MetricFactory, ServingMetrics
     from tideflow_kernels.startup import arch_for, startup_ops
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s engine-core %(name)s: %(message)s")

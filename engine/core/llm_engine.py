@@ -21,13 +21,13 @@ from typing import Callable
 
 import torch
 
-from engine.device import to_device
+from engine.runtime.device import to_device
 from engine.encoder.prompt import block_extras, step_embeds
 from engine.core.client_tokens import ClientTokens, client_cap
 from engine.core.engine_config import EngineConfig
 from engine.encoder.splice import SplicedPrompt
 from engine.core.admission import EngineError, QueueFull, check_request
-from engine import intraop
+from engine.runtime import intraop
 from engine.core.kv_events import KVEventLog, KVEventPage
 from engine.core.kv_cache import BlockAllocator, OutOfBlocks, num_blocks_for_budget
 from engine.core.kv_fetches import PendingFetches
@@ -44,11 +44,11 @@ from engine.core.resume import Resume
 from engine.core.sampling import Logprob, SamplingParams, resolve_seed, sample
 from engine.core.scheduler import Scheduler, StepPlan
 from engine.core.sequence import SeqStatus, Sequence
-from engine.metrics import ServingMetrics
+from engine.telemetry.metrics import ServingMetrics
 from engine.core.step_clock import StepClock
 from engine.core.step_cost import StepCost
 from engine.core.stop import finish_reason
-from engine.tokenizer import Tokenizer
+from engine.model.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -370,7 +370,7 @@ class LLMEngine:
 
     def _on_engine_thread(self, fn: Callable[[], None]) -> None:
         """Run `fn` on the engine thread while it runs (inline otherwise), and wait for it: the KV cache's
-        tensors are filled by parallel ops, which belong to the engine thread (engine/intraop.py)."""
+        tensors are filled by parallel ops, which belong to the engine thread (engine/runtime/intraop.py)."""
         done: concurrent.futures.Future = concurrent.futures.Future()
         with self._calls_lock:
             queued = self._calls_open and threading.current_thread() is not self._thread

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.core.decode_graphs import DecodeGraphs
-from engine.device import to_device
+from engine.runtime.device import to_device
 from engine.model.decoder import MoEForCausalLM
 from engine.model.paged import AttentionMetadata, allocate_kv_cache
 

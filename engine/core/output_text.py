@@ -9,7 +9,7 @@ process once the engine core runs in a process of its own).
 from __future__ import annotations
 
 from engine.core.stop import find_stop
-from engine.tokenizer import IncrementalDecoder, Tokenizer
+from engine.model.tokenizer import IncrementalDecoder, Tokenizer
 
 
 class RequestText:

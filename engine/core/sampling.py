@@ -11,7 +11,7 @@ from typing import Annotated, NamedTuple
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from engine.device import to_device
+from engine.runtime.device import to_device
 
 
 MAX_TOP_LOGPROBS = 20  # as OpenAI's chat API; vLLM's default cap too

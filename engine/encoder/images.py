@@ -10,7 +10,7 @@ import re
 import torch
 from PIL import Image, UnidentifiedImageError
 
-from engine.errors import TideflowError
+from engine.runtime.errors import TideflowError
 
 MAX_ENCODED_BYTES = 20 * 2**20
 MAX_PIXELS = 4096 * 4096

@@ -15,7 +15,7 @@ from pydantic import BaseModel, Field
 from torch import nn
 
 from engine.encoder.splice import ImageSpan, SplicedPrompt, splice
-from engine.tokenizer import ChatMessage, Tokenizer
+from engine.model.tokenizer import ChatMessage, Tokenizer
 
 IMAGE_MARKER = "\ue000image\ue000"  # private-use characters: no text a user sends renders as this
 PLACEHOLDER_TOKEN = "<|endoftext|>"

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from engine.errors import CheckpointError
+from engine.runtime.errors import CheckpointError
 
 SUBDIR = "vision_encoder"
 

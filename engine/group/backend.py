@@ -13,7 +13,7 @@ from enum import Enum
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from engine.errors import TideflowError
+from engine.runtime.errors import TideflowError
 from engine.group.spec import InferenceGroup, Role
 
 

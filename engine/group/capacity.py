@@ -18,7 +18,7 @@ from safetensors import SafetensorError, safe_open
 
 from engine.core.llm_engine import DEFAULT_KV_FRACTION
 from engine.encoder.vision import SUBDIR as VISION_SUBDIR
-from engine.errors import CheckpointError
+from engine.runtime.errors import CheckpointError
 from engine.group.spec import InferenceGroup, Member, RoleSpec
 from engine.model.loader import read_config
 

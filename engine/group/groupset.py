@@ -14,8 +14,8 @@ from pydantic import BaseModel, Field
 from engine.group.local import LocalProcessBackend
 from engine.group.manager import GroupManager, ManagedGroup, SupervisionPolicy
 from engine.group.spec import InferenceGroup
-from engine.paths import home
-from engine.process import free_port, loopback_members, start_service, tideflow_argv
+from engine.runtime.paths import home
+from engine.runtime.process import free_port, loopback_members, start_service, tideflow_argv
 from engine.router.admin import RouterAdmin
 from engine.router.app import ADMIN_KEYS_ENV, UPSTREAM_KEY_ENV
 

@@ -18,9 +18,9 @@ from engine.core.kv_cache import available_memory
 from engine.group.capacity import CapacityCheck, MemoryShortage, check_fits, held_bytes, member_need
 from engine.group.gpus import VISIBLE_ENV, GpuPool, GpuShortage
 from engine.group.spec import InferenceGroup, Member, Role
-from engine.http import bearer_client
-from engine.paths import home
-from engine.process import Adopted, Child, adopt, free_port, tideflow_argv
+from engine.runtime.http import bearer_client
+from engine.runtime.paths import home
+from engine.runtime.process import Adopted, Child, adopt, free_port, tideflow_argv
 
 
 class MemberRecord(BaseModel):

@@ -15,7 +15,7 @@ from typing import Callable, Protocol
 
 from pydantic import BaseModel, Field
 
-from engine.errors import EXIT_PEER_LOST, EXIT_WEIGHTS, TideflowError
+from engine.runtime.errors import EXIT_PEER_LOST, EXIT_WEIGHTS, TideflowError
 from engine.group.backend import Backend, BackendError, GroupHandle, MemberStatus, Phase
 from engine.group.spec import InferenceGroup
 from engine.router.admin import wait_drained
@@ -38,7 +38,7 @@ class Routing(Protocol):
 
     def inflight(self, name: str) -> int: ...
 
-# Why a member ended, from its exit status (engine.errors): what the lifecycle board and the alerts count.
+# Why a member ended, from its exit status (engine.runtime.errors): what the lifecycle board and the alerts count.
 # "drill": a fault drill killed it on purpose (Controller.kill_member), counted apart from real failures.
 FAILURE_REASONS = ("weights", "peer_lost", "killed", "failed", "drill")
 

@@ -20,9 +20,9 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from engine.core.engine_config import EngineKnobs
-from engine.errors import TideflowError
-from engine.server.faults import FaultConfig
-from engine.paths import home
+from engine.runtime.errors import TideflowError
+from engine.api.fault_config import FaultConfig
+from engine.runtime.paths import home
 
 Role = Literal["encoder", "prefill", "decode", "colocated"]
 ROLE_ORDER: tuple[Role, ...] = ("encoder", "prefill", "decode", "colocated")

@@ -6,8 +6,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 
-from engine.errors import TideflowError
-from engine.http import bearer_client
+from engine.runtime.errors import TideflowError
+from engine.runtime.http import bearer_client
 
 
 class MemberSwitchError(TideflowError):

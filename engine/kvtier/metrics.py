@@ -3,7 +3,7 @@ the bytes held, the blocks moved each way and how long that took, and every bloc
 
 from __future__ import annotations
 
-from engine.metrics import MetricFactory
+from engine.telemetry.metrics import MetricFactory
 
 FALLBACK_REASONS = ("corrupt", "unavailable", "missing")
 

@@ -29,12 +29,12 @@ from typing import Callable
 import torch
 
 from engine.kvtier.block_copy import as_bytes, export_each, from_bytes, import_each
-from engine.errors import TideflowError
+from engine.runtime.errors import TideflowError
 from engine.kvtier.config import KVTierConfig
 from engine.kvtier.keys import CorruptBlock, KVNamespace, decode, encode
 from engine.kvtier.metrics import TierMetrics
 from engine.kvtier.tiers import BlockTier, DiskTier, HostTier, StoreTier, TierUnavailable
-from engine.metrics import MetricFactory
+from engine.telemetry.metrics import MetricFactory
 from engine.model.paged import KVCache
 from engine.weights.errors import WeightsError
 from engine.weights.manifest import MANIFEST_NAME

@@ -7,7 +7,7 @@ from typing import Any, Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from engine.errors import CheckpointError
+from engine.runtime.errors import CheckpointError
 
 Architecture = Literal["MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM"]
 SUPPORTED_ARCHITECTURES: tuple[str, ...] = Architecture.__args__  # type: ignore[attr-defined]

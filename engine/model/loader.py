@@ -11,7 +11,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from engine.model.config import ModelConfig
-from engine.errors import CheckpointError
+from engine.runtime.errors import CheckpointError
 from engine.model.decoder import MoEForCausalLM
 from engine.model.moe import Experts, SparseMoE
 from engine.model.packed_linear import pack_linears

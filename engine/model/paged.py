@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.device import to_device
+from engine.runtime.device import to_device
 from engine.model.config import ModelConfig
 
 KVCache = list[tuple[torch.Tensor, torch.Tensor]]

@@ -9,10 +9,10 @@ from typing import Any, Callable
 
 import torch.multiprocessing as mp
 
-from engine.errors import TideflowError
+from engine.runtime.errors import TideflowError
 from engine.parallel import dist as pdist
 from engine.parallel.dist import Backend, DistConfig
-from engine.process import free_port
+from engine.runtime.process import free_port
 
 
 class RankError(TideflowError):

@@ -19,7 +19,7 @@ import time
 
 import torch
 
-from engine.errors import EXIT_PEER_LOST, exit_member
+from engine.runtime.errors import EXIT_PEER_LOST, exit_member
 from engine.parallel.expert_lb import ExpertLBConfig
 from engine.core.engine_config import EngineConfig
 from engine.core.llm_engine import DEFAULT_KV_FRACTION, LLMEngine
@@ -27,8 +27,8 @@ from engine.core.model_runner import SeqStep
 from engine.parallel import dist as pdist
 from engine.parallel.dep import DEPConfig, DEPRank
 from engine.parallel.serve_args import DEPServeConfig
-from engine.metrics import ServingMetrics
-from engine.tokenizer import Tokenizer
+from engine.telemetry.metrics import ServingMetrics
+from engine.model.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 

@@ -6,8 +6,8 @@ import time
 
 import httpx
 
-from engine.errors import TideflowError
-from engine.http import bearer_client
+from engine.runtime.errors import TideflowError
+from engine.runtime.http import bearer_client
 from engine.router.registry import Endpoint, GroupRegistration
 
 

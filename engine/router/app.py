@@ -19,24 +19,24 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, Field, ValidationError
 
-from engine.errors import TideflowError
-from engine.http import bearer_async_client
+from engine.runtime.errors import TideflowError
+from engine.runtime.http import bearer_async_client
 from engine.router.config import RouterConfig
 from engine.router.health import HealthMonitor
 from engine.router.kv_index import KVIndex
 from engine.router.metrics import RouterMetrics
-from engine.server.cpu_pool import INLINE_BYTES, CpuPool
+from engine.api.cpu_pool import INLINE_BYTES, CpuPool
 from engine.router.prompt import PromptPreparer
 from engine.router.proxy import Proxy
 from engine.router.ratelimit import RateLimiter
 from engine.router.samples import SamplePage
 from engine.router.sync import ROUTES_KEY_ENV, ControllerSync
 from engine.router.registry import GROUP_NAME_PATTERN, GroupName, GroupRegistration, Registry, Weight
-from engine.server.auth import RECHECK_S, ApiKey, BearerAuth, KeySource, bearer_token, key_digest, key_state, publish_openapi
-from engine.server.limits import BodyLimit
-from engine.server.errors import APIError, clip, error_response, install_error_handlers, invalid
-from engine.server.requests import check_chat_size, check_priority
-from engine.server.protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
+from engine.api.auth import RECHECK_S, ApiKey, BearerAuth, KeySource, bearer_token, key_digest, key_state, publish_openapi
+from engine.api.limits import BodyLimit
+from engine.api.errors import APIError, clip, error_response, install_error_handlers, invalid
+from engine.api.requests import check_chat_size, check_priority
+from engine.api.protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
 
 UPSTREAM_KEY_ENV = "TIDEFLOW_UPSTREAM_API_KEY"
 ADMIN_KEYS_ENV = "TIDEFLOW_ADMIN_KEYS"
@@ -55,7 +55,7 @@ def create_router_app(config: RouterConfig, api_keys: list[str | ApiKey] | KeySo
                       upstream_key: str | Callable[[], str] | None = None,
                       routes_key: str | Callable[[], str] | None = None) -> FastAPI:
     """`upstream_key`: the key this router sends to members; `routes_key`: the one it sends to
-    `config.controller_url` to watch the route set. Either may be a callable (engine.server.auth.secret_from_env):
+    `config.controller_url` to watch the route set. Either may be a callable (engine.api.auth.secret_from_env):
     a key rotated in its file is followed without a restart."""
     upstream_key = (lambda key=upstream_key: key) if isinstance(upstream_key, str) else upstream_key
     routes_key = (lambda key=routes_key: key) if isinstance(routes_key, str) else routes_key

@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from engine.server import connection_limits
+from engine.api import connection_limits
 
 
 def add_commands(subparsers: argparse._SubParsersAction) -> None:
@@ -57,13 +57,13 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
 def _run(args: argparse.Namespace) -> int:
     import gc
 
-    from engine.server.connections import STARTUP_FAILURE, listening_socket, run_server
+    from engine.api.connections import STARTUP_FAILURE, listening_socket, run_server
 
     from engine.router.app import ADMIN_KEYS_ENV, UPSTREAM_KEY_ENV, create_router_app, keys_from_env
     from engine.router.config import RouterConfig
     from engine.router.kv_index import KVRoutingConfig
     from engine.router.sync import ROUTES_KEY_ENV
-    from engine.server.auth import key_source, secret_from_env
+    from engine.api.auth import key_source, secret_from_env
 
     own = None  # this replica's own listener, beside the (shared) port
     replica_url = args.replica_url

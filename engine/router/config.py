@@ -7,7 +7,7 @@ from pathlib import Path
 from pydantic import BaseModel, Field, IPvAnyNetwork
 
 from engine.router.kv_index import KVRoutingConfig
-from engine.server.connection_limits import ConnectionLimits
+from engine.api.connection_limits import ConnectionLimits
 
 
 class RouterConfig(BaseModel):

@@ -10,10 +10,10 @@ from pathlib import Path
 
 from engine.encoder.prompt import EncodedImage, PromptImage, block_extras, chat_prompt, image_urls
 from engine.encoder.splice import ImageSpan
-from engine.server.errors import APIError
-from engine.server.protocol import ChatCompletionRequest
-from engine.server.requests import parse_body
-from engine.tokenizer import Tokenizer
+from engine.api.errors import APIError
+from engine.api.protocol import ChatCompletionRequest
+from engine.api.requests import parse_body
+from engine.model.tokenizer import Tokenizer
 
 
 class ImagePrompts:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from engine.router.samples import SampleLog
-from engine.metrics import LATENCY_BUCKETS
+from engine.telemetry.metrics import LATENCY_BUCKETS
 
 LABELS = ("group", "version")
 STATUSES = ("ok", "error", "timeout", "rejected")  # a request's outcome (engine.router.proxy)

@@ -14,7 +14,7 @@ import json
 import time
 
 from engine.core.resume import TRACE_FIELD, Resume
-from engine.server.protocol import (
+from engine.api.protocol import (
     ChatChoice, ChatCompletionChunk, ChatCompletionResponse, ChatLogprobs, ChatMessageOut, CompletionChoice,
     CompletionLogprobs, CompletionResponse, Usage, usage,
 )
@@ -42,7 +42,7 @@ class StreamRecord:
         self.end: float | None = None
         self.prompt_ids: list[int] | None = None
         self.block_hashes: list[int] = []  # of prompt_ids, for prefix affinity (disaggregated groups)
-        self.client = ""  # who asked (engine.server.auth.key_digest): members share their engines by it
+        self.client = ""  # who asked (engine.api.auth.key_digest): members share their engines by it
         self.image_urls: list[str] = []  # the client's images (disaggregated groups encode them)
         self.images: list[dict] = []  # those images placed in the prompt (engine.encoder.prompt.PromptImage)
         self.extras: dict[int, bytes] = {}  # block index -> image hashes, for prefix-affinity block names

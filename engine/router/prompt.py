@@ -11,10 +11,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from engine.model.loader import read_config
-from engine.server.errors import APIError
-from engine.server.protocol import ChatCompletionRequest
-from engine.server.requests import check_prompt_chars, check_token_ids, parse_body, prompt_ids
-from engine.tokenizer import Tokenizer
+from engine.api.errors import APIError
+from engine.api.protocol import ChatCompletionRequest
+from engine.api.requests import check_prompt_chars, check_token_ids, parse_body, prompt_ids
+from engine.model.tokenizer import Tokenizer
 
 
 class PromptPreparer:

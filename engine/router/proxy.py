@@ -24,21 +24,21 @@ from typing import AsyncIterator
 import httpx
 from fastapi.responses import Response, StreamingResponse
 
-from engine.http import sse_lines
+from engine.runtime.http import sse_lines
 from engine.core.kv_cache import block_hash
 from engine.core.resume import TRACE_HEADER
 from engine.router.balancer import DecodeBalancer, LeastQueuedBalancer
 from engine.router.kv_index import KVIndex, KVRouter
 from engine.router.config import RouterConfig
-from engine.server.cpu_pool import CpuPool
+from engine.api.cpu_pool import CpuPool
 from engine.router.health import HealthMonitor
 from engine.router.images import ImagePrompts
 from engine.router.metrics import RouterMetrics
 from engine.router.migration import StreamRecord, UpstreamBroke
-from engine.server.heartbeat import HEARTBEAT_HEADER
+from engine.api.heartbeat import HEARTBEAT_HEADER
 from engine.router.registry import EndpointState, GroupState, Registry
-from engine.server.auth import CLIENT_HEADER
-from engine.server.errors import APIError, error_response
+from engine.api.auth import CLIENT_HEADER
+from engine.api.errors import APIError, error_response
 
 
 ROUTE_POLL_S = 0.02  # how often a request waiting for a routable group looks again
@@ -117,7 +117,7 @@ class Proxy:
         self.open_requests = OpenRequests(config.max_open_per_key)
 
     async def serve(self, api: str, body: dict, raw: bytes, client: str = "") -> Response:
-        """`client` names who asked (engine.server.auth.key_digest of the client's key): members share their
+        """`client` names who asked (engine.api.auth.key_digest of the client's key): members share their
         engines by it, and it counts against the client's cap on open requests."""
         if client and not self.open_requests.take(client):
             return error_response(429, f"this API key has {self.config.max_open_per_key} requests open, the most a key "

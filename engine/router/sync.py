@@ -20,7 +20,7 @@ from collections.abc import Callable
 import httpx
 from pydantic import BaseModel, Field
 
-from engine.http import bearer_async_client
+from engine.runtime.http import bearer_async_client
 from engine.router.registry import GroupRegistration, Registry
 
 log = logging.getLogger(__name__)
@@ -50,7 +50,7 @@ class RouterReport(BaseModel):
     url: str | None = Field(None, max_length=300, pattern=r"^https?://[^/\s]+$",
                             description="where this replica alone answers (its metrics and samples), if it has such")
     key_state: str = Field("", max_length=64, description="digest of the keys it accepts and sends now "
-                                                          "(engine.server.auth.key_state): a rotation reached it "
+                                                          "(engine.api.auth.key_state): a rotation reached it "
                                                           "once this is the controller's")
     groups: dict[str, GroupLoad] = Field(default_factory=dict, max_length=4096)
 

@@ -12,7 +12,7 @@ from collections.abc import Callable
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from engine.http import bearer_client
+from engine.runtime.http import bearer_client
 from engine.scaling.policy import Observation
 
 TTFT_METRIC = "tideflow_router_time_to_first_token_seconds"

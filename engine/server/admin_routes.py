@@ -6,7 +6,7 @@ from fastapi import APIRouter
 from pydantic import BaseModel, Field
 
 from engine.server.standby import ServingSwitch, SwitchError, SwitchReport
-from engine.server.errors import APIError
+from engine.api.errors import APIError
 
 
 class ParkRequest(BaseModel):

@@ -20,15 +20,16 @@ from pathlib import Path
 import uvicorn
 from pydantic import BaseModel, Field
 
-from engine.errors import EXIT_ENGINE_FAILED, exit_member
-from engine.process import Child, die_with_parent
-from engine.server.auth import load_api_keys
-from engine.server.connection_limits import ConnectionLimits
-from engine.server.connections import listening_socket, server_config
+from engine.runtime.errors import EXIT_ENGINE_FAILED, exit_member
+from engine.runtime.process import Child, die_with_parent
+from engine.api.auth import load_api_keys
+from engine.api.connection_limits import ConnectionLimits
+from engine.api.connections import listening_socket, server_config
 from engine.server.core_client import CoreClient
-from engine.server.faults import FaultConfig, FaultInjector
-from engine.server.limits import DEFAULT_MAX_BODY_BYTES, MEMBER_KEEP_ALIVE_S
-from engine.tokenizer import Tokenizer
+from engine.api.fault_config import FaultConfig
+from engine.server.faults import FaultInjector
+from engine.api.limits import DEFAULT_MAX_BODY_BYTES, MEMBER_KEEP_ALIVE_S
+from engine.model.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 

@@ -12,23 +12,23 @@ from typing import AsyncIterator
 from fastapi import APIRouter, Depends, FastAPI, Query, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from engine.server.cpu_pool import CpuPool
-from engine.server.heartbeat import HEARTBEAT_HEADERS, SSE_HEARTBEAT, paced
+from engine.api.cpu_pool import CpuPool
+from engine.api.heartbeat import HEARTBEAT_HEADERS, SSE_HEARTBEAT, paced
 from engine.server.faults import FaultInjector
 from engine.core.llm_engine import LLMEngine
 from engine.core.outputs import RequestOutput, RequestStream
 from engine.core.sampling import Logprob
 from engine.server.standby import InstanceState, ServingSwitch
 from engine.server.admin_routes import admin_routes
-from engine.server.auth import ApiKey, BearerAuth, publish_openapi
-from engine.server.errors import APIError, error_response, install_error_handlers
-from engine.server.limits import DEFAULT_BODY_TIMEOUT_S, DEFAULT_MAX_BODY_BYTES, BodyLimit
+from engine.api.auth import ApiKey, BearerAuth, publish_openapi
+from engine.api.errors import APIError, error_response, install_error_handlers
+from engine.api.limits import DEFAULT_BODY_TIMEOUT_S, DEFAULT_MAX_BODY_BYTES, BodyLimit
 from engine.server.logprobs import LogprobText
 from engine.core.resume import TRACE_FIELD, TRACE_HEADER, ResumeRequest
 from engine.server.pd_routes import pd_routes
-from engine.server.requests import check_model, check_priority, check_token_ids, params_for, parse_body, prepare
+from engine.api.requests import check_model, check_priority, check_token_ids, params_for, parse_body, prepare
 from engine.transfer import TransportKind
-from engine.server.protocol import (
+from engine.api.protocol import (
     ChatChoice, ChatCompletionChunk, ChatLogprobs, ChatCompletionRequest, ChatCompletionResponse, ChatDelta, ChatMessageOut,
     ChatStreamChoice, CompletionChoice, CompletionRequest, CompletionResponse, ErrorDetail, ErrorResponse, ModelCard, ModelList,
     new_id, usage,

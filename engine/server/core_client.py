@@ -37,8 +37,8 @@ from engine.core.output_text import RequestText
 from engine.core.outputs import RequestOutput, RequestStream
 from engine.core.resume import Resume
 from engine.core.sampling import SamplingParams
-from engine.process import Child
-from engine.tokenizer import Tokenizer
+from engine.runtime.process import Child
+from engine.model.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -334,7 +334,7 @@ def _refusal(message: str | None, status: int) -> EngineError:
 
 
 def start_core(spec: CoreSpec, log_path: Path | None = None) -> Child:
-    """The engine-core process of `spec`, supervised (engine/process.py); its log goes to `log_path`, or to this
+    """The engine-core process of `spec`, supervised (engine/runtime/process.py); its log goes to `log_path`, or to this
     process's own output when None."""
     return Child("engine-core", [sys.executable, "-m", "engine.core.core_process", spec.model_dump_json()], log_path)
 

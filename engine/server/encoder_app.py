@@ -22,11 +22,11 @@ from engine.encoder.cache import EncoderCache
 from engine.encoder.images import ImageError
 from engine.encoder.prompt import EncodedImage
 from engine.encoder.worker import EncoderWorker
-from engine.errors import TideflowError
-from engine.server.auth import ApiKey, BearerAuth
-from engine.server.errors import APIError, error_response, install_error_handlers
-from engine.server.limits import BodyLimit
-from engine.metrics import MetricFactory
+from engine.runtime.errors import TideflowError
+from engine.api.auth import ApiKey, BearerAuth
+from engine.api.errors import APIError, error_response, install_error_handlers
+from engine.api.limits import BodyLimit
+from engine.telemetry.metrics import MetricFactory
 
 log = logging.getLogger(__name__)
 
@@ -129,8 +129,8 @@ def serve_encoder(args: argparse.Namespace) -> int:
     """The encoder role of `tideflow serve`: loads `<model>/vision_encoder/`, serves until stopped."""
 
     from engine.encoder.vision import load_vision_encoder
-    from engine.server.auth import load_api_keys
-    from engine.server.connection_limits import from_args
+    from engine.api.auth import load_api_keys
+    from engine.api.connection_limits import from_args
 
     try:
         keys = load_api_keys(args.api_key_file)
@@ -143,9 +143,9 @@ def serve_encoder(args: argparse.Namespace) -> int:
         return 1
     log.info("serving the vision encoder on http://%s:%d (%d patches per image)", args.host, args.port,
              encoder.config.num_patches)
-    from engine.server.limits import MEMBER_KEEP_ALIVE_S
+    from engine.api.limits import MEMBER_KEEP_ALIVE_S
 
-    from engine.server.connections import run_server
+    from engine.api.connections import run_server
 
     limits = from_args(args)
     app = create_encoder_app(service, factory, keys, max_body_bytes=args.max_body_bytes,

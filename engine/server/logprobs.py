@@ -8,8 +8,8 @@ tokenizer is, by the process that answers the client.
 from __future__ import annotations
 
 from engine.core.sampling import Logprob
-from engine.server.protocol import ChatLogprobs, CompletionLogprobs, TokenLogprob, TopLogprob
-from engine.tokenizer import Tokenizer
+from engine.api.protocol import ChatLogprobs, CompletionLogprobs, TokenLogprob, TopLogprob
+from engine.model.tokenizer import Tokenizer
 
 
 class LogprobText:

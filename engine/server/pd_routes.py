@@ -21,11 +21,11 @@ from engine.server.faults import FaultInjector
 from engine.core.llm_engine import LLMEngine
 from engine.core.outputs import RequestStream
 from engine.core.pd import DecodeRequest, Handoff, PrefillRequest, new_transfer_id
-from engine.server.errors import APIError
-from engine.server.heartbeat import HEARTBEAT_HEADERS, JSON_HEARTBEAT, paced
-from engine.server.protocol import ErrorDetail, ErrorResponse
-from engine.server.auth import BearerAuth
-from engine.server.requests import check_model, check_priority, check_token_ids, params_for, parse_body
+from engine.api.errors import APIError
+from engine.api.heartbeat import HEARTBEAT_HEADERS, JSON_HEARTBEAT, paced
+from engine.api.protocol import ErrorDetail, ErrorResponse
+from engine.api.auth import BearerAuth
+from engine.api.requests import check_model, check_priority, check_token_ids, params_for, parse_body
 from engine.transfer import KVTransferError, TransportKind, make_receiver, make_sender
 
 KV_FETCH_TIMEOUT_S = 30.0
@@ -54,7 +54,7 @@ def pd_routes(engine: LLMEngine, model_name: str, transport: TransportKind, resp
     @routes.post("/internal/prefill")
     async def prefill(body: PrefillRequest, request: Request) -> StreamingResponse:
         """The HandoffResult as JSON, after a space each HEARTBEAT_S while the engine is at work
-        (engine/server/heartbeat.py): a long prompt and a stopped member look different to the router. Refusals
+        (engine/api/heartbeat.py): a long prompt and a stopped member look different to the router. Refusals
         come before the answer starts, with their status; an engine failure after it is the body {"error": ...}."""
         parsed = parse_body("chat/completions" if "messages" in body.request else "completions", body.request)
         check_priority(parsed.priority, auth.priority_floor(request))

@@ -15,7 +15,7 @@ from enum import Enum
 
 from pydantic import BaseModel, Field
 
-from engine.errors import TideflowError
+from engine.runtime.errors import TideflowError
 from engine.core.llm_engine import LLMEngine
 
 log = logging.getLogger(__name__)

@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from engine.errors import TideflowError
+from engine.runtime.errors import TideflowError
 
 TransportKind = Literal["shm", "tcp"]
 

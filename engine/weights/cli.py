@@ -3,7 +3,7 @@
 import argparse
 import sys
 
-from engine.argtypes import positive_int
+from engine.runtime.argtypes import positive_int
 from engine.weights.config import MiB
 from engine.weights.errors import WeightsError
 from engine.weights.publish import publish

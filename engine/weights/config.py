@@ -5,7 +5,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from engine.paths import home
+from engine.runtime.paths import home
 
 MiB = 1 << 20
 S3_MIN_PART = 5 * MiB  # S3 rejects smaller parts, except the last one of an upload

@@ -23,7 +23,7 @@ from engine.weights.fetch import stored_entry, stream_file
 from engine.weights.manifest import MANIFEST_NAME, Manifest, ManifestFile, read_manifest
 from engine.weights.progress import ProgressCallback, ProgressReporter
 from engine.weights.store import ObjectStore
-from engine.paths import home
+from engine.runtime.paths import home
 from engine.weights.urls import open_store
 
 MARKER_NAME = ".tideflow-verified.json"

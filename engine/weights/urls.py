@@ -5,7 +5,7 @@ from urllib.parse import unquote, urlparse
 
 from pydantic import ValidationError
 
-from engine.paths import home
+from engine.runtime.paths import home
 from engine.weights.config import FsStoreConfig, S3StoreConfig
 from engine.weights.errors import StoreError
 from engine.weights.fs_store import FsStore

@@ -37,6 +37,8 @@ from engine.group.spec import InferenceGroup
 from engine.scaling.policy import Bounds
 from harness.prometheus import LocalPrometheus, PrometheusSetup, ScrapeJob, prometheus_binary
 
+pytestmark = pytest.mark.fleet  # starts processes or servers (tests/conftest.py)
+
 REPO = Path(__file__).resolve().parents[2]
 PROMETHEUS_DIR = REPO / "deployments" / "prometheus"
 GRAFANA_DIR = REPO / "deployments" / "grafana"

@@ -8,8 +8,12 @@ import shutil
 import stat
 import subprocess
 
+import pytest
+
 from engine.control import discovery
-from engine.process import tideflow_argv
+from engine.runtime.process import tideflow_argv
+
+pytestmark = pytest.mark.fleet  # starts processes or servers (tests/conftest.py)
 
 
 def run(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:

@@ -11,9 +11,11 @@ from engine.core.admission import QueueFull
 from engine.core.llm_engine import LLMEngine
 from engine.core.sampling import SamplingParams
 from engine.model.loader import load_model
-from engine.server.auth import key_digest
-from engine.tokenizer import Tokenizer
+from engine.api.auth import key_digest
+from engine.model.tokenizer import Tokenizer
 from tests.engine.server.conftest import API_KEY, MODEL, serve, wait_until
+
+pytestmark = pytest.mark.fleet  # starts processes or servers (tests/conftest.py)
 
 PROMPT = list(range(3, 23))  # 20 tokens
 

@@ -16,7 +16,7 @@ from engine.core.llm_engine import LLMEngine
 from engine.core.model_runner import ModelRunner, SeqStep
 from engine.core.sampling import SamplingParams
 from engine.model import load_model
-from engine.tokenizer import Tokenizer
+from engine.model.tokenizer import Tokenizer
 
 BLOCK = 16
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from engine.device import DeviceError, resolve_device
+from engine.runtime.device import DeviceError, resolve_device
 from engine.core.engine_config import EngineConfig
 
 

@@ -9,7 +9,7 @@ from engine.core.admission import EngineError
 from engine.core.llm_engine import EngineConfig, LLMEngine
 from engine.model import load_model
 from engine.core.sampling import SamplingParams
-from engine.tokenizer import Tokenizer
+from engine.model.tokenizer import Tokenizer
 
 
 def test_a_failing_engine_thread_fails_its_requests_and_refuses_new_ones(tiny_model_dir):

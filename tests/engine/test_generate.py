@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from engine.generate import generate
+from engine.offline.generate import generate
 from engine.model import load_model
 from engine.core.sampling import SamplingParams
-from engine.tokenizer import Tokenizer
+from engine.model.tokenizer import Tokenizer
 
 
 @pytest.fixture(scope="module")

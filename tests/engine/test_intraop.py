@@ -1,4 +1,4 @@
-"""The engine thread alone runs parallel ops in a serving process (engine/intraop.py). The rule is
+"""The engine thread alone runs parallel ops in a serving process (engine/runtime/intraop.py). The rule is
 process-wide, so it is checked in a fresh interpreter, as `serve` starts one."""
 
 import json
@@ -7,10 +7,14 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
+pytestmark = pytest.mark.fleet  # starts processes or servers (tests/conftest.py)
+
 PROBE = textwrap.dedent("""
     import json, sys, threading
     import torch
-    from engine import intraop
+    from engine.runtime import intraop
     from engine.core.llm_engine import EngineConfig, LLMEngine
     from engine.core.sampling import SamplingParams
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.default_model import TINY_CONFIG
+from engine.offline.default_model import TINY_CONFIG
 from engine.core.kv_cache import BlockAllocator, OutOfBlocks, block_hash, export_blocks, import_blocks, num_blocks_for_budget
 from engine.model.paged import allocate_kv_cache, kv_bytes_per_block
 from engine.core.sampling import SamplingParams

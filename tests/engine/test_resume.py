@@ -13,7 +13,7 @@ from engine.core.outputs import RequestOutput
 from engine.model.loader import load_model
 from engine.core.resume import Resume
 from engine.core.sampling import SamplingParams
-from engine.tokenizer import Tokenizer
+from engine.model.tokenizer import Tokenizer
 
 
 @pytest.fixture(scope="module")

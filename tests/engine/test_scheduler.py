@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from engine.generate import generate
+from engine.offline.generate import generate
 from engine.core.kv_cache import BlockAllocator
 from engine.core.llm_engine import EngineConfig, LLMEngine
 from engine.model.loader import load_model
@@ -17,7 +17,7 @@ from engine.core.sampling import SamplingParams
 from engine.core.scheduler import MAX_SHARES, Scheduler
 from engine.core.sequence import Sequence, SeqStatus
 from engine.core.step_cost import MIN_CHUNK, StepCost
-from engine.tokenizer import Tokenizer
+from engine.model.tokenizer import Tokenizer
 
 
 def seq(rid: str, n: int, max_tokens: int = 4, arrival: float = 0.0, first: int = 1) -> Sequence:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from engine.tokenizer import ChatMessage, IncrementalDecoder, Tokenizer
+from engine.model.tokenizer import ChatMessage, IncrementalDecoder, Tokenizer
 
 
 def test_round_trip_and_vocab(tiny_model_dir):

@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import yaml
 
-from engine.process import Child, free_port, start_service
+from engine.runtime.process import Child, free_port, start_service
 from flows.deployments import SHIPPED_PREFECT_FILE
 from harness.canary import SHARED_CORES_JUDGE
 

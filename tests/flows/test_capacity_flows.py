@@ -6,12 +6,16 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from prefect.client.orchestration import get_client
 
 from engine.capacity.plan import CapacityPlan
 from engine.capacity.profile import ProfileSpec, RoleProfile
 from flows.capacity_plan import CapacityPlanParams, capacity_plan
 from flows.profile_model import profile_model
+
+pytestmark = pytest.mark.fleet  # starts processes or servers (tests/conftest.py)
 
 
 def test_a_profile_run_keeps_its_profile_and_shows_its_tables(prefect_api, tideflow_home, tiny_model_dir):

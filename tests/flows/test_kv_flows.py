@@ -16,6 +16,8 @@ from flows.kv_gc import KVGcParams, kv_gc
 from flows.params import DeployParams
 from tasks.kv import kv_remove_version, kv_stores
 
+pytestmark = pytest.mark.fleet  # starts processes or servers (tests/conftest.py)
+
 DAY = 86400
 
 

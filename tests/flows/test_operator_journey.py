@@ -22,7 +22,7 @@ import yaml
 
 from engine.control import discovery
 from engine.control.client import ControlClient
-from engine.process import start_service, start_ticks, tideflow_argv
+from engine.runtime.process import start_service, start_ticks, tideflow_argv
 from tasks.weights import PUBLISHED_EVENT
 from engine.control.local_runtime import stop_recorded_fleet
 from tests.conftest import assert_nothing_left

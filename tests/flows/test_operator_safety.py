@@ -18,6 +18,8 @@ from flows.fleet_status import fleet_status
 from flows.params import DeployParams
 from flows.tidal_scale import TidalParams, tidal_scale
 
+pytestmark = pytest.mark.fleet  # starts processes or servers (tests/conftest.py)
+
 
 @pytest.fixture(scope="module")
 def controller_model_dir(tiny_model_dir):

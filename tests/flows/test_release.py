@@ -16,7 +16,7 @@ from engine.canary import CanaryPlan, CanaryStep
 from engine.control.client import ControlClient
 from flows.drills import FaultDrillParams, LoadDrillParams
 from flows.release import ReleaseParams, release
-from engine.process import free_port, start_service
+from engine.runtime.process import free_port, start_service
 from harness.canary import SHARED_CORES_JUDGE
 from tideflow_kernels.spec import BuildRequest
 

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from engine.default_model import TINY_CONFIG, write_default_model
+import pytest
+
+from engine.offline.default_model import TINY_CONFIG, write_default_model
 from engine.weights import StoreError, publish
 from flows.params import WeightsParams
 from flows.publish_weights import publish_weights
 from tasks import weights as weight_tasks
+
+pytestmark = pytest.mark.fleet  # starts processes or servers (tests/conftest.py)
 
 
 def test_transient_store_error_is_retried_and_the_flow_completes(flow_home, tmp_path, monkeypatch):

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import pytest
+
 import yaml
 
-from engine.default_model import TINY_CONFIG, write_default_model
+from engine.offline.default_model import TINY_CONFIG, write_default_model
 from engine.group.manager import GroupState
 from engine.scaling.policy import Bounds, Schedule, ScalingPolicy
 from flows.tidal_scale import AutoscalerParams, TidalParams, autoscaler, tidal_scale
+
+pytestmark = pytest.mark.fleet  # starts processes or servers (tests/conftest.py)
 
 
 def serving(controller) -> list[str]:

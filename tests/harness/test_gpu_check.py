@@ -12,6 +12,8 @@ import torch
 from harness import gpu_check
 from tideflow_kernels import ops, reference
 
+pytestmark = pytest.mark.fleet  # starts processes or servers (tests/conftest.py)
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -21,6 +21,8 @@ from tideflow_kernels.loader import implementations, load_cached
 from tideflow_kernels.spec import BuildManifest, BuildRequest
 from tideflow_kernels.startup import startup_ops
 
+pytestmark = pytest.mark.fleet  # starts processes or servers (tests/conftest.py)
+
 
 def test_first_build_compiles_and_verifies_every_op(cpu_build):
     manifest, _ = cpu_build

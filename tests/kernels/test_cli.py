@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import argparse
 
+import pytest
+
 from tideflow_kernels.cli import add_commands
+
+pytestmark = pytest.mark.fleet  # starts processes or servers (tests/conftest.py)
 
 
 def parse(argv):

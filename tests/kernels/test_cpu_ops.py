@@ -10,6 +10,8 @@ from tideflow_kernels.errors import KernelInputError
 from tideflow_kernels.tiles import to_tiles
 from tests.kernels.conftest import cpu_has_amx, cpu_has_avx512
 
+pytestmark = pytest.mark.fleet  # starts processes or servers (tests/conftest.py)
+
 DTYPES = [torch.float32, torch.bfloat16]
 ids = lambda dt: str(dt).removeprefix("torch.")  # noqa: E731
 

@@ -14,7 +14,7 @@ from tideflow_kernels.cuda.library import SIGNATURES, nvcc
 from tideflow_kernels.loader import load_cached
 from tideflow_kernels.spec import BuildRequest
 
-pytestmark = pytest.mark.skipif(nvcc() is None, reason="nvcc not found (PATH, /usr/local/bin, /usr/local/cuda/bin)")
+pytestmark = [pytest.mark.skipif(nvcc() is None, reason="nvcc not found (PATH, /usr/local/bin, /usr/local/cuda/bin)"), pytest.mark.fleet]
 
 
 def test_cuda_sources_compile_for_sm_90(tideflow_home):

@@ -14,6 +14,8 @@ from engine.core.llm_engine import LLMEngine
 from engine.core.sampling import SamplingParams
 from tideflow_kernels import ops
 
+pytestmark = pytest.mark.fleet  # starts processes or servers (tests/conftest.py)
+
 STREAMS = 32
 
 

@@ -11,6 +11,8 @@ import torch
 from tideflow_kernels import ops, reference
 from tideflow_kernels.errors import KernelInputError
 
+pytestmark = pytest.mark.fleet  # starts processes or servers (tests/conftest.py)
+
 
 def test_a_cpu_build_refuses_tensors_of_another_device(cpu_build):
     _, impls = cpu_build

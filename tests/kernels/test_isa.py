@@ -8,11 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from engine.process import tideflow_argv
+from engine.runtime.process import tideflow_argv
 from tideflow_kernels import isa
 from tideflow_kernels.build import cache_key_of
 from tideflow_kernels.cpu import extension
 from tideflow_kernels.spec import BuildRequest
+
+pytestmark = pytest.mark.fleet  # starts processes or servers (tests/conftest.py)
 
 
 def test_switched_off_the_cpu_build_drops_amx_and_is_cached_apart(monkeypatch):

@@ -12,6 +12,8 @@ import pytest
 from tideflow_kernels.ops import OP_NAMES
 from tideflow_kernels.startup import startup_ops
 
+pytestmark = pytest.mark.fleet  # starts processes or servers (tests/conftest.py)
+
 PROBE = ("import logging, sys; logging.basicConfig(level=logging.INFO, stream=sys.stderr); "
          "from tideflow_kernels.startup import startup_ops; print(sorted(startup_ops('native', sys.argv[1])))")
 

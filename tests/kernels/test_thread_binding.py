@@ -10,13 +10,15 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.fleet  # starts processes or servers (tests/conftest.py)
+
 # Restricts the process to the CPUs given, records the engine thread count, optionally loads the CPU build,
 # then claims on a fresh thread (as the engine thread does) and reports what it pinned and where it runs.
 CLAIM = """
 import json, os, sys, threading
 cpus, threads, key = json.loads(sys.argv[1])
 os.sched_setaffinity(0, cpus)
-from engine import intraop
+from engine.runtime import intraop
 intraop.serial_process(threads)
 if key:
     from tideflow_kernels.loader import load_cached

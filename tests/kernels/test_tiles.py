@@ -6,12 +6,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.default_model import write_default_model
+from engine.offline.default_model import write_default_model
 from engine.model import load_model
 from tests.engine.model.conftest import TILE_SHAPED_CONFIG, full_forward_logits
 from tests.kernels.conftest import cpu_has_amx, cpu_has_avx512
 from tideflow_kernels import cases, ops, reference
 from tideflow_kernels.tiles import from_tiles, to_tiles
+
+pytestmark = pytest.mark.fleet  # starts processes or servers (tests/conftest.py)
 
 
 def test_every_bf16_tile_is_one_contiguous_block_in_row_then_column_order():

@@ -90,7 +90,7 @@ def _env() -> list[dict[str, Any]]:
         {"name": "TIDEFLOW_INSTANCE", "valueFrom": field(f"metadata.labels['{LWS_GROUP_INDEX_LABEL}']")},
         {"name": "TIDEFLOW_HOME", "value": NODE_CACHE},
         # The members' API key: only the router and the controller hold it (deployments/kubernetes/README.md).
-        # It forwards (engine.server.auth.ApiKey): the router names the client each request is for.
+        # It forwards (engine.api.auth.ApiKey): the router names the client each request is for.
         {"name": MEMBER_KEY_ENV, "valueFrom": {"secretKeyRef": {"name": KEYS_SECRET, "key": "member"}}},
         {"name": "TIDEFLOW_API_KEYS", "value": f"$({MEMBER_KEY_ENV}) forwards"},
     ]

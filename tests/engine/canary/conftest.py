@@ -11,7 +11,7 @@ import openai
 import pytest
 
 from harness.prometheus import LocalPrometheus, groupset_jobs
-from engine.server.faults import FaultConfig
+from engine.api.fault_config import FaultConfig
 from engine.group.groupset import GroupSetConfig, LocalGroupSet
 from engine.group.manager import GroupState
 from engine.group.spec import InferenceGroup

@@ -6,7 +6,7 @@ from __future__ import annotations
 from engine.canary.metrics import GroupFigures
 from engine.canary.plan import CanaryPlan
 from engine.canary.rollout import StepReport, conclude
-from engine.errors import TideflowError
+from engine.runtime.errors import TideflowError
 
 
 class Router:

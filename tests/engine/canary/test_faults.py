@@ -4,8 +4,9 @@ import asyncio
 
 import pytest
 
-from engine.server.faults import INJECTED_CODE, FaultConfig, FaultInjector
-from engine.server.errors import APIError
+from engine.api.fault_config import FaultConfig
+from engine.server.faults import INJECTED_CODE, FaultInjector
+from engine.api.errors import APIError
 
 
 def failures(injector, n=200):

@@ -8,6 +8,8 @@ from __future__ import annotations
 import math
 import time
 
+import pytest
+
 
 from engine.canary import CanaryPlan, CanaryStep, DirectSource, PrometheusSource
 from engine.canary.gates import GateSuite
@@ -17,6 +19,8 @@ from engine.canary.samples import RouterSamples
 from engine.server.faults import INJECTED_CODE
 from engine.group.manager import GroupState
 from harness.canary import SHARED_CORES_JUDGE
+
+pytestmark = pytest.mark.fleet  # starts processes or servers (tests/conftest.py)
 
 FIGURES = ("requests", "errors", "error_rate", "ttft_p99_s", "tpot_p99_s", "throughput_tps", "window_s")
 

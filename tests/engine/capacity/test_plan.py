@@ -11,8 +11,10 @@ import pytest
 
 from engine.capacity.forecast import Forecast, TidalShape, from_csv
 from engine.capacity.plan import SLO, PlanRefused, erlang_c, plan, predict_decode, predict_prefill, prefill_members
-from engine.process import tideflow_argv
+from engine.runtime.process import tideflow_argv
 from tests.engine.capacity.shapes import SPEC, shape
+
+pytestmark = pytest.mark.fleet  # starts processes or servers (tests/conftest.py)
 
 
 def test_erlang_c_matches_its_closed_forms():

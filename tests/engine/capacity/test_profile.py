@@ -11,7 +11,9 @@ from pydantic import ValidationError
 from safetensors import safe_open
 
 from engine.capacity.profile import ProfileSpec, RoleProfile, profile_role, save_profile
-from engine.process import tideflow_argv
+from engine.runtime.process import tideflow_argv
+
+pytestmark = pytest.mark.fleet  # starts processes or servers (tests/conftest.py)
 
 KV_BYTES = 2_000_000  # the tiny model's 512 bytes a token: 3,904 tokens (244 blocks of 16)
 

@@ -23,7 +23,9 @@ from engine.control import discovery
 from engine.control.client import ControlAPIError, ControlClient
 from engine.group.manager import GroupState
 from engine.group.spec import InferenceGroup
-from engine.process import start_service, start_ticks, tideflow_argv
+from engine.runtime.process import start_service, start_ticks, tideflow_argv
+
+pytestmark = pytest.mark.fleet  # starts processes or servers (tests/conftest.py)
 
 
 @pytest.fixture(scope="module")
@@ -321,8 +323,8 @@ def _page(url: str, key: str) -> list:
 def test_a_second_router_replica_serves_the_same_groups_and_follows_every_change(serving, tideflow_home, request):
     """Routers take the route set from the controller: a replica started later serves the same groups at once,
     sees a weight change within a watch round trip, counts in drains, and refuses admin writes of its own."""
-    from engine.http import bearer_client
-    from engine.process import free_port
+    from engine.runtime.http import bearer_client
+    from engine.runtime.process import free_port
 
     controller = serving
     port = free_port()

@@ -14,7 +14,9 @@ from engine.control import discovery
 from engine.control.expert_moves import ExpertMoves, MovesWatch, read_moves
 from engine.group.manager import GroupState
 from engine.group.spec import InferenceGroup
-from engine.process import tideflow_argv
+from engine.runtime.process import tideflow_argv
+
+pytestmark = pytest.mark.fleet  # starts processes or servers (tests/conftest.py)
 
 EXPOSITION = """# HELP tideflow_expert_rebalances_total live expert rebalances this rank applied
 # TYPE tideflow_expert_rebalances_total counter

@@ -9,10 +9,14 @@ import os
 import subprocess
 import time
 
+import pytest
+
 from engine.control.home_lock import HomeLock, HomeLocked
 from engine.control.local_runtime import stop_recorded_fleet
-from engine.process import Child, free_port, tideflow_argv
+from engine.runtime.process import Child, free_port, tideflow_argv
 from tests.conftest import assert_nothing_left
+
+pytestmark = pytest.mark.fleet  # starts processes or servers (tests/conftest.py)
 
 
 def test_two_controllers_started_at_once_on_one_home_leave_one_running(tideflow_home, tiny_model_dir):

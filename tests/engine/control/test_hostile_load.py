@@ -9,10 +9,12 @@ import httpx
 import pytest
 
 from engine.control import discovery
-from engine.drills.load import run_load_drill
-from engine.drills.spec import LoadDrillSpec
+from drills.load import run_load_drill
+from drills.spec import LoadDrillSpec
 from engine.group.manager import GroupState
 from engine.group.spec import InferenceGroup
+
+pytestmark = pytest.mark.fleet  # starts processes or servers (tests/conftest.py)
 
 HOSTILE = [  # (raw body, the statuses it may get)
     ('{"model": "default", "prompt": "x", "max_tokens": 4, "temperature": 1e-300}', {200}),

@@ -11,9 +11,11 @@ from engine.control import discovery
 from engine.control.client import ControlClient
 from engine.control.launch import ensure_controller, stop_controller
 from engine.control.local_runtime import stop_recorded_fleet
-from engine.process import free_port, start_service, start_ticks, tideflow_argv
+from engine.runtime.process import free_port, start_service, start_ticks, tideflow_argv
 
 from tests.conftest import assert_nothing_left
+
+pytestmark = pytest.mark.fleet  # starts processes or servers (tests/conftest.py)
 
 
 @pytest.fixture

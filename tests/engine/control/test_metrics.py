@@ -6,7 +6,7 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from engine.control.metrics import CanaryGauge, ControllerMetrics, FleetSnapshot
-from engine.errors import EXIT_PEER_LOST, EXIT_WEIGHTS
+from engine.runtime.errors import EXIT_PEER_LOST, EXIT_WEIGHTS
 from engine.group.backend import MemberStatus, Phase
 from engine.group.manager import GroupState, GroupStatus, failure_reason
 

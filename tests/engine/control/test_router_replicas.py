@@ -8,9 +8,13 @@ from __future__ import annotations
 import sqlite3
 import sys
 
+import pytest
+
 from engine.control.router_replicas import RouterReplicas, RouterSettings
 from engine.control.store import RouterRecord, Store
-from engine.process import Child
+from engine.runtime.process import Child
+
+pytestmark = pytest.mark.fleet  # starts processes or servers (tests/conftest.py)
 
 
 def test_a_single_router_record_becomes_replica_0_and_is_replaced_not_adopted(tmp_path, monkeypatch):

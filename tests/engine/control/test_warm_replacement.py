@@ -16,6 +16,8 @@ from engine.group.manager import GroupState
 from engine.group.spec import InferenceGroup
 from engine.scaling.policy import Bounds
 
+pytestmark = pytest.mark.fleet  # starts processes or servers (tests/conftest.py)
+
 
 @pytest.fixture(scope="module")
 def pool(controller, tiny_model_dir):

@@ -14,10 +14,10 @@ from engine.encoder.cache import EncoderCache
 from engine.encoder.images import ImageError
 from engine.encoder.vision import load_vision_encoder, write_vision_encoder
 from engine.encoder.worker import EncoderWorker
-from engine.errors import CheckpointError
+from engine.runtime.errors import CheckpointError
 from engine.model import load_model
 from engine.core.model_runner import ModelRunner, SeqStep
-from engine.tokenizer import Tokenizer
+from engine.model.tokenizer import Tokenizer
 
 PLACEHOLDER = 0
 

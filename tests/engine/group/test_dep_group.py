@@ -12,16 +12,18 @@ import httpx
 import openai
 import pytest
 
-from engine.default_model import TINY_CONFIG, write_default_model
-from engine.generate import generate
+from engine.offline.default_model import TINY_CONFIG, write_default_model
+from engine.offline.generate import generate
 from engine.group.groupset import GroupSetConfig, LocalGroupSet
 from engine.group.manager import GroupState, SupervisionPolicy
 from engine.group.spec import InferenceGroup
 from engine.model import load_model
 from engine.parallel.serving import EXIT_PEER_LOST
-from engine.process import Child, free_port, tideflow_argv, wait_http_ok
+from engine.runtime.process import Child, free_port, tideflow_argv, wait_http_ok
 from engine.core.sampling import SamplingParams
-from engine.tokenizer import ChatMessage, Tokenizer
+from engine.model.tokenizer import ChatMessage, Tokenizer
+
+pytestmark = pytest.mark.fleet  # starts processes or servers (tests/conftest.py)
 
 EIGHT_EXPERTS = TINY_CONFIG.model_copy(update={"num_experts": 8})
 PROMPTS = [("the experts " * (1 + i % 5)) + f"request {i}" for i in range(16)]

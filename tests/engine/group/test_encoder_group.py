@@ -22,10 +22,12 @@ from engine.core.llm_engine import EngineConfig, LLMEngine
 from engine.model import load_model
 from engine.core.sampling import SamplingParams
 from engine.core.sequence import Sequence
-from engine.server.errors import APIError
-from engine.server.protocol import ChatCompletionRequest
-from engine.server.requests import prompt_ids
-from engine.tokenizer import ChatMessage, Tokenizer
+from engine.api.errors import APIError
+from engine.api.protocol import ChatCompletionRequest
+from engine.api.requests import prompt_ids
+from engine.model.tokenizer import ChatMessage, Tokenizer
+
+pytestmark = pytest.mark.fleet  # starts processes or servers (tests/conftest.py)
 
 MAX_TOKENS = 8
 

@@ -17,6 +17,8 @@ from engine.group.local import LocalProcessBackend
 from engine.group.manager import GroupManager, GroupState, SupervisionPolicy
 from engine.group.spec import InferenceGroup
 
+pytestmark = pytest.mark.fleet  # starts processes or servers (tests/conftest.py)
+
 MEM = 8 << 30  # MemAvailable the estimates below are made against
 
 

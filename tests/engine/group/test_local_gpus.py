@@ -17,6 +17,8 @@ from engine.group.gpus import GpuPool, GpuShortage
 from engine.group.local import LocalProcessBackend, MemberRecord
 from engine.group.spec import InferenceGroup
 
+pytestmark = pytest.mark.fleet  # starts processes or servers (tests/conftest.py)
+
 
 def test_the_pool_hands_out_each_gpu_once_all_or_none():
     pool = GpuPool(["0", "1", "2"])

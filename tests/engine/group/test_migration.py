@@ -18,6 +18,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from engine.group.manager import GroupState
 from tests.engine.group.conftest import group_spec
 
+pytestmark = pytest.mark.fleet  # starts processes or servers (tests/conftest.py)
+
 N = 14
 MAX_TOKENS = 96
 # Members pace their tokens (the fault injector's delay) so a stream lasts about 1.5 s: the kill lands while

@@ -12,7 +12,7 @@ import httpx
 import openai
 import pytest
 
-from engine.generate import generate
+from engine.offline.generate import generate
 from engine.group.backend import Phase
 from engine.group.manager import GroupState
 from engine.model import load_model
@@ -20,7 +20,9 @@ from engine.core.engine_config import EngineConfig
 from engine.core.kv_cache import kv_nbytes
 from engine.core.llm_engine import LLMEngine
 from engine.core.sampling import SamplingParams
-from engine.tokenizer import ChatMessage, Tokenizer
+from engine.model.tokenizer import ChatMessage, Tokenizer
+
+pytestmark = pytest.mark.fleet  # starts processes or servers (tests/conftest.py)
 
 PROMPTS = [("the pipeline " * (1 + i % 7)) + f"request {i}" for i in range(32)]
 MAX_TOKENS = [4 + (i * 5) % 20 for i in range(32)]

@@ -10,7 +10,7 @@ from pydantic import ValidationError
 
 from engine.group.argv import serve_argv
 from engine.group.spec import GroupSpecError, InferenceGroup, Member
-from engine.serve_cli import add_commands, engine_config, member_connection_limits
+from engine.server.cli import add_commands, engine_config, member_connection_limits
 
 GROUPS = Path(__file__).resolve().parents[3] / "deployments" / "groups"
 

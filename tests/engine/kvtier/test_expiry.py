@@ -12,6 +12,8 @@ import pytest
 
 from engine.kvtier.expiry import remove_version, sweep
 
+pytestmark = pytest.mark.fleet  # starts processes or servers (tests/conftest.py)
+
 DAY = 86400
 
 

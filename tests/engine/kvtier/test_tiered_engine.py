@@ -18,6 +18,8 @@ from engine.model.loader import read_config
 from engine.model.paged import kv_bytes_per_block
 from harness.moto import start_moto
 
+pytestmark = pytest.mark.fleet  # starts processes or servers (tests/conftest.py)
+
 BLOCK = 16
 POOL_BLOCKS = 24  # two prompts of 15 blocks do not fit: the second evicts the first
 HOST_FEW = 80 << 10  # host memory for about 9 tiny-model blocks: the rest must come from disk or the store

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.default_model import DEFAULT_CONFIG
+from engine.offline.default_model import DEFAULT_CONFIG
 from engine.model.paged import AttentionMetadata, allocate_kv_cache
 
 TILE_SHAPED_CONFIG = DEFAULT_CONFIG.model_copy(update=dict(

@@ -8,7 +8,7 @@ import shutil
 import pytest
 from safetensors.torch import load_file, save_file
 
-from engine.errors import CheckpointError
+from engine.runtime.errors import CheckpointError
 from engine.model import load_model
 
 

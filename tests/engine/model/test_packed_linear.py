@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from engine.default_model import write_default_model
+from engine.offline.default_model import write_default_model
 from engine.model import load_model
 from engine.model import packed_linear
 from engine.model.packed_linear import PackedLinear, pack_linears, packing_available

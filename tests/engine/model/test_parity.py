@@ -6,7 +6,7 @@ import pytest
 import torch
 import transformers
 
-from engine.generate import generate
+from engine.offline.generate import generate
 from engine.model import load_model
 from engine.core.sampling import SamplingParams
 from tests.engine.model.conftest import full_forward_logits

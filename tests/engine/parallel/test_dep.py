@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from engine.default_model import TINY_CONFIG, write_default_model
+from engine.offline.default_model import TINY_CONFIG, write_default_model
 from engine.parallel.eplb import Placement, rebalance_experts
 from engine.parallel.expert_lb import ExpertLBConfig
 from engine.model import load_model
@@ -16,6 +16,8 @@ from engine.parallel.dist import DistConfig
 from engine.parallel.launch import RankError, run_ranks
 from harness.dep_replay import ReplayJob, ReplayStep, SeqSpec, replay_rank
 from tideflow_kernels.tiles import to_tiles
+
+pytestmark = pytest.mark.fleet  # starts processes or servers (tests/conftest.py)
 
 EIGHT_EXPERTS = TINY_CONFIG.model_copy(update={"num_experts": 8})
 

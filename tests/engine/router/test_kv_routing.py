@@ -11,10 +11,12 @@ import httpx
 import openai
 import pytest
 
-from engine.process import Child, free_port, tideflow_argv, wait_http_ok
+from engine.runtime.process import Child, free_port, tideflow_argv, wait_http_ok
 from engine.router.app import ADMIN_KEYS_ENV, UPSTREAM_KEY_ENV
 from engine.router.kv_index import KVIndex, KVRouter, KVRoutingConfig
 from engine.router.registry import Endpoint, EndpointState
+
+pytestmark = pytest.mark.fleet  # starts processes or servers (tests/conftest.py)
 
 BLOCK = 16
 

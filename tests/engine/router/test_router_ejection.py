@@ -7,14 +7,18 @@ from __future__ import annotations
 import asyncio
 import threading
 
+import pytest
+
 import httpx
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from engine.router.app import create_router_app
 from engine.router.config import RouterConfig
-from engine.server.inproc import serve_in_thread
+from engine.api.inproc import serve_in_thread
 from tests.engine.router.test_router_hardening import _event
+
+pytestmark = pytest.mark.fleet  # starts processes or servers (tests/conftest.py)
 
 CLIENT, ADMIN = "client-key", "admin-key"
 

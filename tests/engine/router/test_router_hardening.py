@@ -19,10 +19,12 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine.server.heartbeat import HEARTBEAT_HEADER
+from engine.api.heartbeat import HEARTBEAT_HEADER
 from engine.router.app import create_router_app
 from engine.router.config import RouterConfig
-from engine.server.inproc import serve_in_thread
+from engine.api.inproc import serve_in_thread
+
+pytestmark = pytest.mark.fleet  # starts processes or servers (tests/conftest.py)
 
 CLIENT, ADMIN = "client-key", "admin-key"
 

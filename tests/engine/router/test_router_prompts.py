@@ -23,11 +23,13 @@ import engine.router.prompt as prompt_module
 import engine.router.proxy as proxy_module
 from engine.router.app import create_router_app
 from engine.router.config import RouterConfig
-from engine.server.cpu_pool import CpuPool
-from engine.server.auth import CLIENT_HEADER, key_digest
-from engine.server.errors import APIError
-from engine.server.inproc import serve_in_thread
-from engine.server.protocol import MAX_MESSAGES, ChatCompletionRequest
+from engine.api.cpu_pool import CpuPool
+from engine.api.auth import CLIENT_HEADER, key_digest
+from engine.api.errors import APIError
+from engine.api.inproc import serve_in_thread
+from engine.api.protocol import MAX_MESSAGES, ChatCompletionRequest
+
+pytestmark = pytest.mark.fleet  # starts processes or servers (tests/conftest.py)
 
 CLIENT, ADMIN = "client-key", "admin-key"
 

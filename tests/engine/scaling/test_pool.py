@@ -9,10 +9,12 @@ import time
 import httpx
 import pytest
 
-from engine.drills import LoadDrillSpec, run_load_drill
+from drills import LoadDrillSpec, run_load_drill
 from engine.group.manager import GroupState
 from engine.scaling.policy import Bounds
 from engine.scaling.pool import WarmPool
+
+pytestmark = pytest.mark.fleet  # starts processes or servers (tests/conftest.py)
 
 KEY_ENV = "TIDEFLOW_SCALING_TEST_KEY"
 

@@ -11,8 +11,8 @@ import pytest
 from engine.core.llm_engine import EngineConfig, LLMEngine
 from engine.model.loader import load_model
 from engine.server.app import create_app
-from engine.server.inproc import serve_in_thread
-from engine.tokenizer import Tokenizer
+from engine.api.inproc import serve_in_thread
+from engine.model.tokenizer import Tokenizer
 
 API_KEY = "test-key-123"
 MODEL = "tiny"

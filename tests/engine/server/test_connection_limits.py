@@ -1,4 +1,4 @@
-"""The bounded reads' flags (engine.server.connection_limits): every server's command takes them with the
+"""The bounded reads' flags (engine.api.connection_limits): every server's command takes them with the
 model's defaults, refuses a bad value as a usage error naming the flag, and the server it starts applies them
 (a member, the encoder, the router and the controller, each started as users start them). A member's router
 may hold a connection for every request the member's engine admits."""
@@ -19,15 +19,17 @@ from fastapi import FastAPI
 from engine.control.local_runtime import stop_recorded_fleet
 from engine.encoder.vision import write_vision_encoder
 from engine.main import build_parser
-from engine.process import free_port, start_service, tideflow_argv, wait_http_ok
-from engine.serve_cli import engine_config, member_connection_limits
-from engine.server import connection_limits
-from engine.server.connection_limits import ConnectionLimits
-from engine.server.connections import bounded_protocol
-from engine.server.inproc import serve_in_thread
+from engine.runtime.process import free_port, start_service, tideflow_argv, wait_http_ok
+from engine.server.cli import engine_config, member_connection_limits
+from engine.api import connection_limits
+from engine.api.connection_limits import ConnectionLimits
+from engine.api.connections import bounded_protocol
+from engine.api.inproc import serve_in_thread
 
 from tests.conftest import assert_nothing_left
 from tests.engine.server.test_connections import connect, read_all, read_response
+
+pytestmark = pytest.mark.fleet  # starts processes or servers (tests/conftest.py)
 
 HEAD_S = 0.5
 CAP = 4  # room for the connections a controller's own router holds to it

@@ -1,4 +1,4 @@
-"""Bounded reads as every tideflow server runs them (engine.server.connections + BodyLimit): a slow head is a 408,
+"""Bounded reads as every tideflow server runs them (engine.api.connections + BodyLimit): a slow head is a 408,
 a stalled body a 408, one address past its connection cap a 503; a kept-alive connection that idles is not
 answered anything it did not ask for. A real uvicorn server on loopback with the bounded protocol."""
 
@@ -9,11 +9,13 @@ import socket
 import pytest
 from fastapi import FastAPI, Request
 
-from engine.server.connection_limits import ConnectionLimits
-from engine.server.connections import bounded_protocol
-from engine.server.errors import install_error_handlers
-from engine.server.inproc import serve_in_thread
-from engine.server.limits import BodyLimit
+from engine.api.connection_limits import ConnectionLimits
+from engine.api.connections import bounded_protocol
+from engine.api.errors import install_error_handlers
+from engine.api.inproc import serve_in_thread
+from engine.api.limits import BodyLimit
+
+pytestmark = pytest.mark.fleet  # starts processes or servers (tests/conftest.py)
 
 HEAD_S = 0.3
 

@@ -18,10 +18,12 @@ import pytest
 from engine.core.engine_config import EngineConfig
 from engine.core.llm_engine import LLMEngine
 from engine.core.sampling import SamplingParams
-from engine.errors import EXIT_ENGINE_FAILED
+from engine.runtime.errors import EXIT_ENGINE_FAILED
 from engine.model.loader import load_model
-from engine.process import Child, free_port, start_ticks, tideflow_argv, wait_http_ok
-from engine.tokenizer import Tokenizer
+from engine.runtime.process import Child, free_port, start_ticks, tideflow_argv, wait_http_ok
+from engine.model.tokenizer import Tokenizer
+
+pytestmark = pytest.mark.fleet  # starts processes or servers (tests/conftest.py)
 
 KEY = "core-key"
 KV_BYTES = 16 << 20
@@ -167,7 +169,7 @@ import asyncio, sys
 from pathlib import Path
 from engine.core.sampling import SamplingParams
 from engine.server.core_client import CoreClient
-from engine.tokenizer import Tokenizer
+from engine.model.tokenizer import Tokenizer
 client = CoreClient(sys.argv[1], Tokenizer(sys.argv[2]), Path(sys.argv[3]), connect_timeout_s=30)
 async def main():
     stream = client.stream([5, 6, 7], SamplingParams(max_tokens=3000, ignore_eos=True))

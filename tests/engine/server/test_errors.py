@@ -8,6 +8,8 @@ import pytest
 from engine.core.llm_engine import EngineConfig
 from tests.engine.server.conftest import MODEL, serve, wait_until
 
+pytestmark = pytest.mark.fleet  # starts processes or servers (tests/conftest.py)
+
 
 def assert_error(response: httpx.Response, status: int, param: str | None = None) -> dict:
     assert response.status_code == status, response.text
@@ -56,7 +58,7 @@ def test_bad_completion_requests(server, body, status, param):
 def test_a_prompt_too_long_for_any_tokenization_is_refused_before_it_is_tokenized(server, monkeypatch, api, body):
     """A member serving clients itself bounds the cost as the router does: 4 prompts of 7 MB took both cores of a
     2-core member for seconds (its /health answered in 586 ms) only to be refused after tokenizing."""
-    from engine.tokenizer import Tokenizer
+    from engine.model.tokenizer import Tokenizer
     monkeypatch.setattr(Tokenizer, "encode", _never)
     with server.client() as c:
         error = assert_error(c.post(f"/v1/{api}", json={"model": MODEL, **body}), 400,

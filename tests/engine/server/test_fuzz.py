@@ -15,6 +15,8 @@ from hypothesis import strategies as st
 
 from tests.engine.server.conftest import API_KEY, MODEL
 
+pytestmark = pytest.mark.fleet  # starts processes or servers (tests/conftest.py)
+
 FUZZED = ["POST /v1/completions", "POST /v1/chat/completions", "GET /v1/models", "GET /internal/stats"]
 EXAMPLES = 200
 

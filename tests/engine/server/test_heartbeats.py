@@ -16,6 +16,8 @@ from engine.core.resume import TRACE_HEADER
 from engine.core.step_clock import StepClock
 from tests.engine.server.conftest import API_KEY, MODEL, serve
 
+pytestmark = pytest.mark.fleet  # starts processes or servers (tests/conftest.py)
+
 
 class FakeTime:
     def __init__(self) -> None:

@@ -12,6 +12,8 @@ import torch
 from engine.core.sampling import SamplingParams, resolve_seed, sample
 from tests.engine.server.conftest import API_KEY, MODEL, wait_until
 
+pytestmark = pytest.mark.fleet  # starts processes or servers (tests/conftest.py)
+
 
 def test_degenerate_sampling_parameters_give_a_token_not_an_error():
     logits = torch.randn(3, 64)

@@ -9,9 +9,9 @@ import pytest
 from fastapi import Depends, FastAPI
 from fastapi.testclient import TestClient
 
-from engine.server import auth as auth_module
-from engine.server.auth import ApiKey, BearerAuth, KeySource, SecretFile, key_state, write_key_file
-from engine.server.errors import install_error_handlers
+from engine.api import auth as auth_module
+from engine.api.auth import ApiKey, BearerAuth, KeySource, SecretFile, key_state, write_key_file
+from engine.api.errors import install_error_handlers
 
 
 def _app(source: KeySource) -> TestClient:

@@ -12,8 +12,10 @@ import transformers
 
 from engine.core.sampling import Logprob
 from engine.server.logprobs import LogprobText
-from engine.tokenizer import ChatMessage, Tokenizer
+from engine.model.tokenizer import ChatMessage, Tokenizer
 from tests.engine.server.conftest import API_KEY, MODEL
+
+pytestmark = pytest.mark.fleet  # starts processes or servers (tests/conftest.py)
 
 MESSAGES = [{"role": "user", "content": "tell me about tides"}]
 

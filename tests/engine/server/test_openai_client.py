@@ -8,14 +8,16 @@ import random
 import openai
 import pytest
 
-from engine.default_model import TINY_CONFIG
-from engine.generate import generate
+from engine.offline.default_model import TINY_CONFIG
+from engine.offline.generate import generate
 from engine.core.llm_engine import EngineConfig
 from engine.model.loader import load_model
 from engine.model.paged import kv_bytes_per_block
 from engine.core.sampling import SamplingParams
-from engine.tokenizer import ChatMessage, Tokenizer
+from engine.model.tokenizer import ChatMessage, Tokenizer
 from tests.engine.server.conftest import API_KEY, MODEL, serve
+
+pytestmark = pytest.mark.fleet  # starts processes or servers (tests/conftest.py)
 
 
 @pytest.fixture(scope="module")

@@ -13,11 +13,13 @@ from fastapi.responses import JSONResponse
 from engine.core.llm_engine import EngineConfig
 from engine.router.app import create_router_app
 from engine.router.config import RouterConfig
-from engine.server.auth import CLIENT_HEADER, ApiKey, BearerAuth, key_digest, load_api_keys
-from engine.server.inproc import serve_in_thread
-from engine.server.protocol import CompletionRequest
+from engine.api.auth import CLIENT_HEADER, ApiKey, BearerAuth, key_digest, load_api_keys
+from engine.api.inproc import serve_in_thread
+from engine.api.protocol import CompletionRequest
 
 from .conftest import MODEL, serve
+
+pytestmark = pytest.mark.fleet  # starts processes or servers (tests/conftest.py)
 
 KEYS = [ApiKey.parse("urgent-key priority>=-10"), ApiKey.parse("plain-key"), ApiKey.parse("router-key forwards")]
 

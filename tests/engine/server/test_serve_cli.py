@@ -11,9 +11,11 @@ import httpx
 import openai
 import pytest
 
-from engine.errors import EXIT_ENGINE_FAILED
-from engine.process import Child, free_port, tideflow_argv, wait_http_ok
-from engine.serve_cli import add_commands, engine_config
+from engine.runtime.errors import EXIT_ENGINE_FAILED
+from engine.runtime.process import Child, free_port, tideflow_argv, wait_http_ok
+from engine.server.cli import add_commands, engine_config
+
+pytestmark = pytest.mark.fleet  # starts processes or servers (tests/conftest.py)
 
 
 @pytest.fixture
@@ -46,7 +48,7 @@ def test_serve_subprocess_answers_the_openai_client(cli_server, tiny_model_dir):
     assert child.proc.wait(timeout=20) == 0
     log = child.log_path.read_text()
     assert "env-key" not in log
-    assert f"INFO engine.serve_cli: serving {tiny_model_dir.name} on http://127.0.0.1" in log  # its start, for operators
+    assert f"INFO engine.server.cli: serving {tiny_model_dir.name} on http://127.0.0.1" in log  # its start, for operators
 
 
 def test_flags_build_the_engine_config():

@@ -14,6 +14,8 @@ import pytest
 from engine.transfer import KVTransferError, TransferDescriptor, make_receiver, make_sender
 from engine.transfer.shm import SHM_DIR, ShmSender, reap_orphan_segments, segment_name
 
+pytestmark = pytest.mark.fleet  # starts processes or servers (tests/conftest.py)
+
 RECEIVE_IN_CHILD = """
 import hashlib, json, sys
 from engine.transfer import TransferDescriptor, make_receiver

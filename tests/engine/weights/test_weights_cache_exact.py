@@ -102,7 +102,7 @@ def test_the_caches_own_names_cannot_be_listed(name):
 def test_serve_refuses_an_unverified_cache_with_the_weights_exit_status(published, tmp_path, capsys):
     """The member's exit status says why it ended, so the controller counts it as a weights failure (and the
     TideflowWeightsUnverified alert fires) instead of an anonymous crash."""
-    from engine.errors import EXIT_WEIGHTS
+    from engine.runtime.errors import EXIT_WEIGHTS
     from flows.cli import main
 
     cache = tmp_path / "cache"

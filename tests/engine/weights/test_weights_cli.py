@@ -6,6 +6,8 @@ import pytest
 
 from engine.weights.cli import add_commands
 
+pytestmark = pytest.mark.fleet  # starts processes or servers (tests/conftest.py)
+
 
 def _main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="tideflow")

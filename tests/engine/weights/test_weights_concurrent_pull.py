@@ -4,7 +4,11 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from engine.weights import publish, require_verified
+
+pytestmark = pytest.mark.fleet  # starts processes or servers (tests/conftest.py)
 
 _PULL = """
 import json, sys

@@ -37,7 +37,7 @@ def test_embedded_default_lives_under_tideflow_home(tmp_path, monkeypatch):
 
 def test_an_empty_tideflow_home_means_the_default_everywhere(monkeypatch, tmp_path):
     """Not the current directory: every home() (the engine's, the kernels') reads an empty value as unset."""
-    from engine.paths import home
+    from engine.runtime.paths import home
     from tideflow_kernels.cache import home as kernels_home
 
     monkeypatch.setenv("HOME", str(tmp_path))

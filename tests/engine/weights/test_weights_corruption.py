@@ -17,6 +17,8 @@ from engine.weights import (
     verify,
 )
 
+pytestmark = pytest.mark.fleet  # starts processes or servers (tests/conftest.py)
+
 SHARD = "model-00001-of-00002.safetensors"
 
 

@@ -9,6 +9,8 @@ import pytest
 from engine.weights import ManifestMissingError, publish, verify
 from engine.weights.manifest import read_manifest
 
+pytestmark = pytest.mark.fleet  # starts processes or servers (tests/conftest.py)
+
 KILL_AFTER = 3  # config.json (1 part) + 2 of the 3 parts of the first shard
 
 _KILLED_PUBLISH = """

@@ -14,6 +14,8 @@ from engine.weights import (
 )
 from engine.weights.manifest import read_manifest
 
+pytestmark = pytest.mark.fleet  # starts processes or servers (tests/conftest.py)
+
 
 def _sha(path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()

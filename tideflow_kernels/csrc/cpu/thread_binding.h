@@ -1,5 +1,5 @@
 // Pinning the calling thread's OpenMP team: thread i of the team to cpus[i]. The engine thread calls it once
-// (engine/intraop.py says when); the team's threads are the ones every later parallel region of that thread
+// (engine/runtime/intraop.py says when); the team's threads are the ones every later parallel region of that thread
 // reuses, so they stay where they were put. Returns the CPU each thread then runs on.
 #pragma once
 #include <ATen/ATen.h>

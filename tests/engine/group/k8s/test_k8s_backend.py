@@ -12,6 +12,8 @@ from engine.group.k8s.backend import KubernetesBackend
 from engine.group.k8s.manifests import render
 import k8s_synthetic as synthetic  # loaded by conftest.py
 
+pytestmark = pytest.mark.fleet  # starts processes or servers (tests/conftest.py)
+
 NS, GROUP = synthetic.NS, synthetic.GROUP  # the namespace and group of the synthetic recordings
 HANDLE = GroupHandle(id=f"{NS}/demo", group="demo", version="v1", backend="kubernetes")
 

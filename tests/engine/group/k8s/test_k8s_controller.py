@@ -25,7 +25,9 @@ from engine.control.runtime import ControllerConfig
 from engine.control.store import DesiredGroup
 from engine.group.backend import GroupHandle
 from engine.group.k8s.backend import KubernetesBackend
-from engine.process import tideflow_argv
+from engine.runtime.process import tideflow_argv
+
+pytestmark = pytest.mark.fleet  # starts processes or servers (tests/conftest.py)
 
 NS, GROUP = synthetic.NS, synthetic.GROUP
 HANDLE = GroupHandle(id=f"{NS}/demo", group="demo", version="v1", backend="kubernetes")

@@ -8,10 +8,14 @@ from __future__ import annotations
 
 import threading
 
+import pytest
+
 from kubernetes import client
 
 import k8s_synthetic as synthetic  # loaded by conftest.py
 from engine.control.leader import LEADER_LABEL, LeaseConfig, LeaseElector
+
+pytestmark = pytest.mark.fleet  # starts processes or servers (tests/conftest.py)
 
 NS = synthetic.NS
 FAST = LeaseConfig(duration_s=3, renew_deadline_s=0.4, retry_s=0.05)

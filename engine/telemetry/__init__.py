@@ -1,0 +1,1 @@
+"""What a process tells about itself: Prometheus metrics through one registry module."""
