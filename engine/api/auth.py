@@ -98,18 +98,6 @@ class ApiKey(BaseModel):
         return same and (self.until is None or now < self.until)
 
 
-def load_api_keys(key_file: str | Path | None = None, environ: dict[str, str] | None = None) -> list[ApiKey]:
-    """Keys from $TIDEFLOW_API_KEYS (comma-separated) and/or a file (one key per line, # comments), each
-    optionally followed by `priority>=N`."""
-    env = os.environ if environ is None else environ
-    entries = [k.strip() for k in env.get(API_KEYS_ENV, "").split(",") if k.strip()]
-    if key_file is not None:
-        lines = Path(key_file).read_text().splitlines()
-        entries += [ln.strip() for ln in lines if ln.strip() and not ln.lstrip().startswith("#")]
-    keys = [ApiKey.parse(entry) for entry in entries]
-    return _distinct(keys)
-
-
 def key_source(key_file: str | Path | None = None, environ: dict[str, str] | None = None) -> KeySource:
     """Keys from $TIDEFLOW_API_KEYS (fixed) and the key file (read again when it changes); checked now, so a bad
     entry refuses the start."""

@@ -70,8 +70,8 @@ class ControlClient:
         except TideflowError:
             return False
         value = f"Bearer {info.admin_key}"
-        if info.url.rstrip("/") != self.url or self._http.headers.get("authorization") == value:
-            return False
+        if info.url.rstrip("/") != self.url or value == sent:  # against what was sent: another thread may have
+            return False                                        # taken the same new key since the check above
         self._http.headers["authorization"] = value
         return True
 

@@ -13,9 +13,12 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 import threading
 import time
 from collections.abc import Callable
+
+import httpx
 
 from engine.control.conditions import ConditionBook, observe
 from engine.control.expert_moves import MovesReporter, RunningGroup
@@ -71,7 +74,7 @@ class Controller:
         self.port, self.url = self.runtime.port, self.runtime.url  # where the API listens; routers watch url
         self.keys = KeyBook(self.store, home() / "keys")  # admin, client, routes, upstream (engine.control.keys)
         self.keys.publish()  # the routers' key files, before any router starts
-        self._member_key = self.keys.current("upstream")  # router and controller -> members only
+        self._member_key = lambda: self.keys.current("upstream")  # controller -> members, read as each call goes
         self.routes = RouteTable()
         self.audit = AuditLog(home() / AUDIT_FILE)  # every control action and refused call (engine.control.audit)
         self._lock = threading.RLock()  # one mutation at a time: API calls and reconcile passes
@@ -656,14 +659,17 @@ class Controller:
     def rotate_key(self, role: Role, grace_s: float, wait_s: float = 15.0) -> Rotated:
         """A new key for `role`, working at once; the old one works for `grace_s` more, then is refused
         everywhere. The client and routes keys reach every router replica (their key files, read again when
-        they change) before the client key file is replaced, so no client holds a key a router does not take."""
+        they change) before the client key file is replaced, so no client holds a key a router does not take; the
+        upstream key reaches every member before anyone sends it (_announce_member_key)."""
         try:
-            new, until = self.keys.rotate(role, grace_s)
+            self.keys.check_rotatable()
+            coming = self._announce_member_key(wait_s) if role == "upstream" else None
+            new, until = self.keys.rotate(role, grace_s, coming)
         except RotationError as exc:
             raise ControlError(409, str(exc)) from None
         self.keys.publish()
         routers = 0
-        if role in ("client", "routes"):
+        if role in ("client", "routes", "upstream"):
             deadline, want = time.monotonic() + wait_s, self.keys.router_state()
             while True:
                 live = self.routes.replicas()
@@ -682,6 +688,32 @@ class Controller:
             discovery.rekey(os.getpid(), new)
         self.store.event("keys", f"{role} key rotated; the old one works until {time.strftime('%H:%M:%S', time.localtime(until))}")
         return Rotated(role=role, grace_s=grace_s, old_until=until, routers=routers)
+
+    def _announce_member_key(self, wait_s: float) -> str:
+        """A new upstream key that every running member accepts (beside the old one) before anyone sends it: their
+        key file lists it, and each member answers it. Members started meanwhile read the same file."""
+        coming = secrets.token_urlsafe(24)
+        self.keys.publish_members(coming)
+        deadline = time.monotonic() + wait_s
+        with bearer_client(coming, timeout_s=2.0) as client:
+            while True:
+                behind = []
+                for _, _, members in self._running_groups():
+                    for m in members:
+                        try:
+                            ok = m.endpoint is None or client.get(m.endpoint + "/internal/stats").status_code == 200
+                        except httpx.HTTPError:
+                            ok = False
+                        if not ok:
+                            behind.append(m.endpoint)
+                if not behind:
+                    return coming
+                if time.monotonic() > deadline:
+                    self.keys.publish_members()  # withdrawn: nothing changed
+                    raise ControlError(504, f"members {behind} did not accept the new upstream key within {wait_s:g}s "
+                                            "(members started by an older tideflow verify the key they started with: "
+                                            "rebuild their groups); nothing was rotated")
+                time.sleep(0.1)
 
     def scrape_targets(self, job: Job) -> list[TargetGroup]:
         """What Prometheus should scrape for `job` now (engine.control.targets)."""

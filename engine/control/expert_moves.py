@@ -17,7 +17,7 @@ from pydantic import BaseModel, Field
 
 from engine.group.backend import MemberStatus, Phase
 from engine.group.spec import InferenceGroup
-from engine.runtime.http import bearer_client
+from engine.runtime.http import Key, bearer_client
 
 log = logging.getLogger(__name__)
 
@@ -120,7 +120,7 @@ class MovesReporter:
     """The controller's thread that asks the leaders every `period_s` (never under the controller's lock: a slow
     member delays only this) and records each rise as an `expert_lb` event."""
 
-    def __init__(self, running: Callable[[], list[RunningGroup]], member_key: str,
+    def __init__(self, running: Callable[[], list[RunningGroup]], member_key: Key,
                  record: Callable[[str, str], None], period_s: float) -> None:
         self.running, self.member_key, self.record, self.period_s = running, member_key, record, period_s
         self.watch = MovesWatch()

@@ -7,8 +7,9 @@ Four keys, each generated once and kept in the controller's store (0600):
   the new one.
 - `routes`: routers -> the controller's route set. The controller verifies it; routers send what
   `keys/routes.key` holds, read again when it changes.
-- `upstream`: routers and the controller -> members. Not rotated here yet: members verify a key handed to them
-  at start (a rotation would have to reach every member first; see the README's security section).
+- `upstream`: routers and the controller -> members. Members started here verify `keys/members.keys` (digests,
+  read again when it changes); routers send what `keys/upstream.key` holds. A rotation reaches every member first
+  (the new key accepted beside the old), then the senders.
 
 An old key's grace is stored beside the key (`grace:<name>` in the store's settings) as its expiry, so a
 restarted controller keeps honouring it exactly until then; the routers' key file carries the same expiry
@@ -32,7 +33,7 @@ from engine.api.auth import ApiKey, key_state, write_key_file
 Role = Literal["client", "admin", "routes", "upstream"]
 SECRET_OF: dict[str, str] = {"client": "router_client", "admin": "controller_admin", "routes": "routes",
                              "upstream": "member"}
-CLIENT_FILE, ROUTES_FILE = "router-clients.keys", "routes.key"
+CLIENT_FILE, ROUTES_FILE, MEMBERS_FILE, UPSTREAM_FILE = "router-clients.keys", "routes.key", "members.keys", "upstream.key"
 
 
 class RotationError(TideflowError):
@@ -85,27 +86,37 @@ class KeyBook:
             return self._cache[role]
 
     def publish(self) -> None:
-        """The routers' key files as the store says now (at start, and after each rotation)."""
+        """The routers' and members' key files as the store says now (at start, and after each rotation)."""
         write_key_file(self.dir / CLIENT_FILE, [k.hashed() for k in self.accepted("client")])
         write_key_file(self.dir / ROUTES_FILE, [ApiKey(key=self.current("routes"))])
+        write_key_file(self.dir / UPSTREAM_FILE, [ApiKey(key=self.current("upstream"))])
+        self.publish_members()
+
+    def publish_members(self, coming: str | None = None) -> None:
+        """What members accept: the upstream key and, in its grace, the old one (digests; forwarding keys: their
+        requests name the client); `coming`, a key about to replace the current one, accepted ahead of its use."""
+        keys = [k.model_copy(update={"forwards": True}).hashed() for k in self.accepted("upstream")]
+        keys += [ApiKey(key=coming, forwards=True).hashed()] if coming else []
+        write_key_file(self.dir / MEMBERS_FILE, keys)
 
     def router_state(self) -> str:
         """The key_state a router that took the current files reports."""
         return key_state([k.hashed() for k in self.accepted("client")], self.current("routes"),
                          self.current("upstream"))
 
-    def rotate(self, role: Role, grace_s: float) -> tuple[str, float]:
-        """A new key for `role`, the old one accepted until now + grace_s; (the new key, the old one's expiry)."""
-        if role == "upstream":
-            raise RotationError("the upstream (member) key cannot be rotated yet: members verify the key they were "
-                                "started with, so a rotation would need every member restarted; rebuild the groups "
-                                "after `tideflow down` to change it")
+    def check_rotatable(self) -> None:
         if not hasattr(self.store, "set_secret"):
             raise RotationError("this store cannot rotate keys (on Kubernetes: update the Secret tideflow-keys and "
                                 "roll the Deployments)")
+
+    def rotate(self, role: Role, grace_s: float, new: str | None = None) -> tuple[str, float]:
+        """A new key for `role` (`new`, or one made here), the old one accepted until now + grace_s; (the new key,
+        the old one's expiry)."""
+        self.check_rotatable()
         with self._lock:
-            old, new, until = self.store.secret(SECRET_OF[role]), secrets.token_urlsafe(24), time.time() + grace_s
-            graced = ApiKey(key=old, until=until).hashed()  # the old key is only verified from now on
+            old, until = self.store.secret(SECRET_OF[role]), time.time() + grace_s
+            new = new or secrets.token_urlsafe(24)
+            graced = ApiKey(key=old, until=until, forwards=role == "upstream").hashed()  # only verified from now on
             self.store.set_setting(f"grace:{SECRET_OF[role]}", graced.model_dump_json())
             self.store.set_secret(SECRET_OF[role], new)
             self._cache[role] = (new, graced)

@@ -17,10 +17,12 @@ def _duration(text: str) -> float:
 def add_commands(subparsers: argparse._SubParsersAction) -> None:
     keys = subparsers.add_parser("keys", help="the fleet's keys").add_subparsers(dest="keys_command", required=True)
     p = keys.add_parser("rotate", help="a new key for ROLE, working at once; the old one works for --grace, then is "
-                                       "refused; routers take it without a restart")
-    p.add_argument("role", choices=["client", "admin", "routes"],
+                                       "refused; routers and members take it without a restart")
+    p.add_argument("role", choices=["client", "admin", "routes", "upstream"],
                    help="client: clients -> router ($TIDEFLOW_HOME/router.key gets the new one); admin: the control "
-                        "API ($TIDEFLOW_HOME/controller.json); routes: routers -> the controller's route set")
+                        "API ($TIDEFLOW_HOME/controller.json); routes: routers -> the controller's route set; "
+                        "upstream: routers and the controller -> members (every member accepts the new key before "
+                        "anyone sends it)")
     p.add_argument("--grace", type=_duration, default=600.0, metavar="DURATION",
                    help="how long the old key keeps working (default 10m; 0: refused at once)")
     p.set_defaults(func=_rotate)

@@ -12,7 +12,7 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-from engine.control.keys import CLIENT_FILE, ROUTES_FILE
+from engine.control.keys import CLIENT_FILE, MEMBERS_FILE, ROUTES_FILE, UPSTREAM_FILE
 from engine.control.router_replicas import RouterReplicas, RouterSettings, stop_recorded_routers
 from engine.control.runtime import ControllerConfig, Runtime
 from engine.control.store import Store, effective_groups
@@ -34,9 +34,11 @@ class LocalRuntime(Runtime):
         self.url = f"http://{config.host}:{self.port}"
         self.store.set_setting("model_dir", str(config.model_dir))  # what `tideflow router-replica` serves with
         self.store.set_setting("model_name", config.model_name)
-        self.backend = LocalProcessBackend(config.model_dir, self.store.secret("member"), config.model_name,
+        # what members verify is the key file the controller's key book writes (a rotation reaches them there); what
+        # this backend sends them is the store's key as each call goes
+        self.backend = LocalProcessBackend(config.model_dir, lambda: self.store.secret("member"), config.model_name,
                                            home() / "logs", config.host, ledger=self.store,
-                                           capacity=config.capacity_check)
+                                           capacity=config.capacity_check, key_file=home() / "keys" / MEMBERS_FILE)
         self.routers = RouterReplicas(RouterSettings(
             host=config.host, port=config.router_port, replicas=config.router_replicas, model_name=config.model_name,
             model_dir=config.model_dir, controller_url=self.url, args=config.router_args, env=router_env(self.store)),
@@ -85,10 +87,10 @@ class LocalRuntime(Runtime):
 
 def router_env(store: Store) -> dict[str, str]:
     """The keys a router replica needs: clients' (digests, in a file it reads again when the controller rotates
-    the key), its admin API's, the members', and the route set's (a file too)."""
+    the key), its admin API's, the members' and the route set's (files too)."""
     keys = home() / "keys"
     return {API_KEY_FILE_ENV: str(keys / CLIENT_FILE), ADMIN_KEYS_ENV: store.secret("router_admin"),
-            UPSTREAM_KEY_ENV: store.secret("member"), ROUTES_KEY_ENV + "_FILE": str(keys / ROUTES_FILE)}
+            UPSTREAM_KEY_ENV + "_FILE": str(keys / UPSTREAM_FILE), ROUTES_KEY_ENV + "_FILE": str(keys / ROUTES_FILE)}
 
 
 def _keep_port(store: Store, host: str, asked: int, reclaim_s: float = 15.0) -> int:

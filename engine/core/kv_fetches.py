@@ -1,5 +1,6 @@
 """New requests parked while their prompt's blocks come up from disk or the shared store (engine.kvtier): each waits
-until its fetch ends, and at most what computing those blocks is estimated to cost. Engine thread only."""
+until its fetch ends, and at most what computing those blocks is estimated to cost, or FETCH_WAIT_FLOOR_S where that
+is less. Engine thread only."""
 
 from __future__ import annotations
 
@@ -11,6 +12,13 @@ from typing import Callable
 from engine.core.kv_cache import chain_hashes
 from engine.core.sequence import Sequence
 from engine.kvtier.tiered import TieredKV
+
+
+# The least a started fetch is waited for. A fetch starts only where reading a block was measured to beat computing it
+# (TieredKV.worth_loading), so its expected time is under the compute estimate; but on a busy host one scheduler
+# hiccup outlasts the compute estimate of a few small blocks (milliseconds), and a fetch given up for that costs the
+# read and the compute both.
+FETCH_WAIT_FLOOR_S = 0.05
 
 
 @dataclass
@@ -44,7 +52,8 @@ class PendingFetches:
         if future is None:
             return False
         longest = tiers.config.store_timeout_s
-        wait = longest if s_per_token is None else min(longest, s_per_token * bs * (len(hashes) - held))
+        wait = longest if s_per_token is None else \
+            min(longest, max(FETCH_WAIT_FLOOR_S, s_per_token * bs * (len(hashes) - held)))
         self._parked[seq.request_id] = _Fetch(seq, future, time.monotonic() + wait)
         return True
 

@@ -18,7 +18,8 @@ from engine.core.kv_cache import available_memory
 from engine.group.capacity import CapacityCheck, MemoryShortage, check_fits, held_bytes, member_need
 from engine.group.gpus import VISIBLE_ENV, GpuPool, GpuShortage
 from engine.group.spec import InferenceGroup, Member, Role
-from engine.runtime.http import bearer_client
+from engine.api.auth import API_KEY_FILE_ENV
+from engine.runtime.http import Key, bearer_client
 from engine.runtime.paths import home
 from engine.runtime.process import Adopted, Child, adopt, free_port, tideflow_argv
 
@@ -67,11 +68,15 @@ class LocalProcessBackend(Backend):
 
     name = "local"
 
-    def __init__(self, model_dir: Path, api_key: str, model_name: str = "default", log_dir: Path | None = None,
+    def __init__(self, model_dir: Path, api_key: Key, model_name: str = "default", log_dir: Path | None = None,
                  host: str = "127.0.0.1", extra_env: dict[str, str] | None = None,
                  ledger: ProcessLedger | None = None, gpus: GpuPool | None = None,
-                 capacity: CapacityCheck | None = None) -> None:
+                 capacity: CapacityCheck | None = None, key_file: Path | None = None) -> None:
+        """`api_key`: what this backend sends to members (a callable: the current key of a rotating one);
+        `key_file`: the key file members verify, read again when it changes (engine.control.keys writes it),
+        else members accept `api_key` as started."""
         self.model_dir, self.api_key, self.model_name, self.host = model_dir, api_key, model_name, host
+        self.key_file = key_file
         self.log_dir = log_dir or home() / "logs"
         self.extra_env = extra_env or {}
         self.ledger = ledger
@@ -153,7 +158,9 @@ class LocalProcessBackend(Backend):
             port = (spec.port_base + instance * size + rank) if spec.port_base else free_port(self.host)
             argv = tideflow_argv(*self.member_args(run.group, member, port, dist_port, run.handle.standby))
             # the members' key is the router's (and the controller's): it forwards, naming the client it serves
-            env = {"TIDEFLOW_API_KEYS": f"{self.api_key} forwards", **self.extra_env}
+            env = {API_KEY_FILE_ENV: str(self.key_file)} if self.key_file is not None else \
+                {"TIDEFLOW_API_KEYS": f"{self.api_key} forwards"}
+            env.update(self.extra_env)
             if owned[name]:
                 env[VISIBLE_ENV] = ",".join(owned[name])
             run.gpus[member] = owned[name]

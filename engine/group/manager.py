@@ -16,6 +16,7 @@ from typing import Callable, Protocol
 from pydantic import BaseModel, Field
 
 from engine.runtime.errors import EXIT_PEER_LOST, EXIT_WEIGHTS, TideflowError
+from engine.runtime.http import Key
 from engine.group.backend import Backend, BackendError, GroupHandle, MemberStatus, Phase
 from engine.group.spec import InferenceGroup
 from engine.router.admin import wait_drained
@@ -391,7 +392,7 @@ class GroupManager:
     """All groups of one group set, and the router they register with."""
 
     def __init__(self, backend: Backend, router: Routing | None, policy: SupervisionPolicy | None = None,
-                 member_key: str | None = None,
+                 member_key: Key = None,
                  on_fall: Callable[[ManagedGroup, str], None] | None = None) -> None:
         self.backend, self.router, self.on_fall = backend, router, on_fall
         self.switch = MemberSwitch(member_key)  # the key members accept on their /admin routes

@@ -7,7 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 
 from engine.runtime.errors import TideflowError
-from engine.runtime.http import bearer_client
+from engine.runtime.http import Key, bearer_client
 
 
 class MemberSwitchError(TideflowError):
@@ -17,7 +17,7 @@ class MemberSwitchError(TideflowError):
 class MemberSwitch:
     """Calls POST /admin/activate or /admin/park on many members in parallel, with the members' API key."""
 
-    def __init__(self, api_key: str | None, timeout_s: float = 30.0) -> None:
+    def __init__(self, api_key: Key, timeout_s: float = 30.0) -> None:
         self._client = bearer_client(api_key, timeout_s=timeout_s)
 
     def activate(self, endpoints: list[str]) -> list[float]:

@@ -1,26 +1,44 @@
-"""The one HTTP client helper: a bearer key, a timeout, no proxy from the environment (loopback traffic
-must never leave through an HTTP_PROXY)."""
+"""The one HTTP client helper: a bearer key (or where to read the current one, for a key that rotates), a timeout,
+no proxy from the environment (loopback traffic must never leave through an HTTP_PROXY)."""
 
 from __future__ import annotations
 
-from typing import AsyncIterator
+from typing import AsyncIterator, Callable
 
 import httpx
 
-
-def _headers(key: str | None) -> dict[str, str]:
-    return {"authorization": f"Bearer {key}"} if key else {}
+Key = str | Callable[[], str] | None  # a key, or where to read the current one (a key that rotates)
 
 
-def bearer_client(key: str | None, base_url: str = "", timeout_s: float = 5.0) -> httpx.Client:
-    return httpx.Client(base_url=base_url.rstrip("/"), headers=_headers(key), timeout=timeout_s, trust_env=False)
+class _CurrentKey(httpx.Auth):
+    """Each request carries the key `current()` gives as it is sent: a long-lived client follows a rotation."""
+
+    def __init__(self, current: Callable[[], str]) -> None:
+        self.current = current
+
+    def auth_flow(self, request: httpx.Request):
+        request.headers["authorization"] = f"Bearer {self.current()}"
+        yield request
 
 
-def bearer_async_client(key: str | None, base_url: str = "", timeout_s: float = 5.0,
+def _headers(key: Key) -> dict[str, str]:
+    return {"authorization": f"Bearer {key}"} if isinstance(key, str) and key else {}
+
+
+def _auth(key: Key) -> httpx.Auth | None:
+    return _CurrentKey(key) if callable(key) else None
+
+
+def bearer_client(key: Key, base_url: str = "", timeout_s: float = 5.0) -> httpx.Client:
+    return httpx.Client(base_url=base_url.rstrip("/"), headers=_headers(key), auth=_auth(key), timeout=timeout_s,
+                        trust_env=False)
+
+
+def bearer_async_client(key: Key, base_url: str = "", timeout_s: float = 5.0,
                         limits: httpx.Limits | None = None) -> httpx.AsyncClient:
     """The same, for the asyncio services (the router) and load generators."""
-    return httpx.AsyncClient(base_url=base_url.rstrip("/"), headers=_headers(key), timeout=timeout_s, trust_env=False,
-                             limits=limits or httpx.Limits())
+    return httpx.AsyncClient(base_url=base_url.rstrip("/"), headers=_headers(key), auth=_auth(key), timeout=timeout_s,
+                             trust_env=False, limits=limits or httpx.Limits())
 
 
 async def sse_lines(response: httpx.Response) -> AsyncIterator[str]:

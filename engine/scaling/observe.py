@@ -52,7 +52,7 @@ class SetObserver:
     """Reads one group set: `member_urls()` names the serving members to ask for their stats, `router_urls()`
     the router replicas to read TTFTs from (each where it alone answers: replicas sharing a port count apart)."""
 
-    def __init__(self, router_urls: Callable[[], list[str]], client_key: str | Callable[[], str], member_key: str,
+    def __init__(self, router_urls: Callable[[], list[str]], client_key: str | Callable[[], str], member_key: str | Callable[[], str],
                  member_urls: Callable[[], list[str]], timeout_s: float = 2.0) -> None:
         """`client_key`: the router's client key, or what gives it now (a rotated key is followed)."""
         self.router_urls, self.member_urls = router_urls, member_urls

@@ -22,7 +22,7 @@ from pydantic import BaseModel, Field
 
 from engine.runtime.errors import EXIT_ENGINE_FAILED, exit_member
 from engine.runtime.process import Child, die_with_parent
-from engine.api.auth import load_api_keys
+from engine.api.auth import key_source
 from engine.api.connection_limits import ConnectionLimits
 from engine.api.connections import listening_socket, server_config
 from engine.server.core_client import CoreClient
@@ -59,7 +59,7 @@ def serve_api(spec: ApiServerSpec, client: CoreClient, warm_up: bool, standby: b
     from engine.server.app import create_app
 
     faults = FaultInjector(FaultConfig.parse(spec.faults)) if spec.faults else None
-    app = create_app(client, spec.model_name, load_api_keys(spec.api_key_file), warm_up=warm_up, faults=faults,
+    app = create_app(client, spec.model_name, key_source(spec.api_key_file), warm_up=warm_up, faults=faults,
                      standby=standby, host=spec.host, max_body_bytes=spec.max_body_bytes,
                      body_timeout_s=spec.connections.body_timeout_s)
     sock = listening_socket(spec.host, spec.port, spec.reuse_port)

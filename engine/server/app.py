@@ -20,7 +20,7 @@ from engine.core.outputs import RequestOutput, RequestStream
 from engine.core.sampling import Logprob
 from engine.server.standby import InstanceState, ServingSwitch
 from engine.server.admin_routes import admin_routes
-from engine.api.auth import ApiKey, BearerAuth, publish_openapi
+from engine.api.auth import ApiKey, BearerAuth, KeySource, publish_openapi
 from engine.api.errors import APIError, error_response, install_error_handlers
 from engine.api.limits import DEFAULT_BODY_TIMEOUT_S, DEFAULT_MAX_BODY_BYTES, BodyLimit
 from engine.server.logprobs import LogprobText
@@ -40,7 +40,7 @@ log = logging.getLogger(__name__)
 PREPARE_WORKERS, PREPARE_QUEUE = 2, 256  # a member's prompt threads, and the prompts that may wait for them
 
 
-def create_app(engine: LLMEngine, model_name: str, api_keys: list[str | ApiKey] | None = None, warm_up: bool = True,
+def create_app(engine: LLMEngine, model_name: str, api_keys: list[str | ApiKey] | KeySource | None = None, warm_up: bool = True,
                transport: TransportKind | None = None, faults: FaultInjector | None = None,
                standby: bool = False, host: str = "127.0.0.1", max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
                body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S) -> FastAPI:

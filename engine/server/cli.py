@@ -140,12 +140,11 @@ def member_connection_limits(args: argparse.Namespace, config: EngineKnobs) -> C
 
 def serve(args: argparse.Namespace) -> int:
     from engine.api.connections import run_server
-
     from engine.api.fault_config import FaultConfig
     from engine.server.faults import FaultInjector
     from engine.core.llm_engine import LLMEngine
     from engine.server.app import create_app
-    from engine.api.auth import load_api_keys
+    from engine.api.auth import key_source
     from engine.telemetry.metrics import MetricFactory, ServingMetrics
     from engine.weights import WeightsError, local_model_dir, require_verified
     from engine.weights.manifest import MANIFEST_NAME
@@ -176,7 +175,7 @@ def serve(args: argparse.Namespace) -> int:
     try:
         config = engine_config(args)
         limits = member_connection_limits(args, config)
-        keys = load_api_keys(args.api_key_file)
+        keys = key_source(args.api_key_file)  # the key file (or $TIDEFLOW_API_KEY_FILE) read again when it changes
         faults = FaultInjector(FaultConfig.parse(args.faults)) if args.faults else None
         if args.require_verified or (Path(args.model) / MANIFEST_NAME).exists():
             require_verified(args.model)
@@ -240,7 +239,7 @@ def serve_split(args: argparse.Namespace) -> int:
     from engine.core.core_process import CoreSpec
     from engine.server.api_servers import ApiServerSpec, ExtraApiServers, remove_socket_dir, serve_api
     from engine.server.core_client import CoreClient, CoreGone, socket_dir, start_core
-    from engine.api.auth import load_api_keys
+    from engine.api.auth import key_source
     from engine.api.fault_config import FaultConfig
     from engine.model.tokenizer import Tokenizer
     from engine.weights import WeightsError, require_verified
@@ -254,7 +253,7 @@ def serve_split(args: argparse.Namespace) -> int:
         config = engine_config(args)
         if args.faults:
             FaultConfig.parse(args.faults)  # a bad --faults is refused here, not by each API server
-        load_api_keys(args.api_key_file)  # and so is a bad key entry (the API servers read the same)
+        key_source(args.api_key_file)  # and so is a bad key entry (the API servers read the same)
         if args.require_verified or (Path(args.model) / MANIFEST_NAME).exists():
             require_verified(args.model)
         tokenizer = Tokenizer(args.model)

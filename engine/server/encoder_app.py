@@ -23,7 +23,7 @@ from engine.encoder.images import ImageError
 from engine.encoder.prompt import EncodedImage
 from engine.encoder.worker import EncoderWorker
 from engine.runtime.errors import TideflowError
-from engine.api.auth import ApiKey, BearerAuth
+from engine.api.auth import ApiKey, BearerAuth, KeySource
 from engine.api.errors import APIError, error_response, install_error_handlers
 from engine.api.limits import BodyLimit
 from engine.telemetry.metrics import MetricFactory
@@ -87,7 +87,7 @@ class EncoderService:
         self.ready = True
 
 
-def create_encoder_app(service: EncoderService, factory: MetricFactory, api_keys: list[str | ApiKey], *,
+def create_encoder_app(service: EncoderService, factory: MetricFactory, api_keys: list[str | ApiKey] | KeySource, *,
                        max_body_bytes: int, body_timeout_s: float) -> FastAPI:
     auth = BearerAuth(api_keys)
     app = FastAPI(title="tideflow encoder", docs_url=None, redoc_url=None, openapi_url=None)
@@ -129,11 +129,11 @@ def serve_encoder(args: argparse.Namespace) -> int:
     """The encoder role of `tideflow serve`: loads `<model>/vision_encoder/`, serves until stopped."""
 
     from engine.encoder.vision import load_vision_encoder
-    from engine.api.auth import load_api_keys
+    from engine.api.auth import key_source
     from engine.api.connection_limits import from_args
 
     try:
-        keys = load_api_keys(args.api_key_file)
+        keys = key_source(args.api_key_file)  # the key file read again when it changes: keys rotate
         factory = MetricFactory(group=args.metrics_group, version=args.metrics_version, role="encoder")
         encoder = load_vision_encoder(args.model, args.device or "cpu")
         service = EncoderService(EncoderWorker(encoder, EncoderCache(registry=factory.registry)))

@@ -239,11 +239,14 @@ def test_control_calls_are_audited_in_a_chain_the_cli_verifies(serving, tideflow
 
 def test_each_key_rotates_under_load_with_no_failed_request(serving, tideflow_home):
     """Clients (each request with the key router.key holds then, as a load generator reading it would) and the
-    control plane (each call through discovery) keep working while the client, routes and admin keys rotate
-    with 8 s of grace: 0 failed requests. Each old key works during its grace and is refused after it, the
-    router replicas never restarted; the audit log names each rotation and holds no key."""
+    control plane (each call through discovery) keep working while the client, routes, upstream (members) and admin
+    keys rotate with 8 s of grace: 0 failed requests. Each old key works during its grace and is refused after it,
+    by the routers, the controller and the members alike; neither router replicas nor members restarted; the audit
+    log names each rotation and holds no key."""
     controller = serving
     pids = controller.status().router_pids
+    members = _members(controller)
+    assert members and all(endpoint for _, endpoint in members.values())
     stop, failures, served = threading.Event(), [], [0]
 
     def clients() -> None:
@@ -270,20 +273,25 @@ def test_each_key_rotates_under_load_with_no_failed_request(serving, tideflow_ho
         if role == "client":
             return httpx.get(controller.status().router_url + "/v1/models",
                              headers={"authorization": f"Bearer {key}"}).status_code
+        if role == "upstream":  # every member must answer alike
+            codes = {httpx.get(endpoint + "/internal/stats", headers={"authorization": f"Bearer {key}"}).status_code
+                     for _, endpoint in members.values()}
+            return codes.pop() if len(codes) == 1 else -1
         path = "/v1/status" if role == "admin" else "/v1/routes"
         return httpx.get(controller.url + path, headers={"authorization": f"Bearer {key}"}).status_code
 
     def key_of(role: str) -> str:
         return {"client": lambda: discovery.router_key_path().read_text().strip(),
                 "admin": lambda: discovery.find().admin_key,
-                "routes": lambda: (tideflow_home / "keys" / "routes.key").read_text().strip()}[role]()
+                "routes": lambda: (tideflow_home / "keys" / "routes.key").read_text().strip(),
+                "upstream": lambda: (tideflow_home / "keys" / "upstream.key").read_text().strip()}[role]()
 
     workers = [threading.Thread(target=clients) for _ in range(2)] + [threading.Thread(target=operator)]
     for w in workers:
         w.start()
     rotated = {}
     try:
-        for role in ("client", "routes", "admin"):
+        for role in ("client", "routes", "upstream", "admin"):
             old = key_of(role)
             done = cli("keys", "rotate", role, "--grace", "8s")
             assert done.returncode == 0, done.stdout + done.stderr
@@ -300,13 +308,22 @@ def test_each_key_rotates_under_load_with_no_failed_request(serving, tideflow_ho
             w.join(timeout=60)
     assert failures == [] and served[0] > 20, (failures[:3], served[0])
     assert controller.status().router_pids == pids  # the replicas took their new keys without a restart
+    assert _members(controller) == members  # nor did the members
     entries = read_entries(tideflow_home / "audit.jsonl")
-    assert [e.params["body"]["role"] for e in entries if e.action == "POST /v1/keys/rotate" and e.result == "ok"][-3:] \
-        == ["client", "routes", "admin"]
+    assert [e.params["body"]["role"] for e in entries if e.action == "POST /v1/keys/rotate" and e.result == "ok"][-4:] \
+        == ["client", "routes", "upstream", "admin"]
     text = (tideflow_home / "audit.jsonl").read_text()
     assert not any(k in text for pair in rotated.values() for k in pair)
     clients_file = (tideflow_home / "keys" / "router-clients.keys").read_text()
     assert rotated["client"][1] not in clients_file and "sha256:" in clients_file  # routers hold digests only
+    members_file = (tideflow_home / "keys" / "members.keys").read_text()
+    assert rotated["upstream"][1] not in members_file and "sha256:" in members_file  # so do members
+
+
+def _members(controller) -> dict[tuple, tuple]:
+    """Each member of the fleet -> (its pid, its endpoint): what changes when a member is restarted."""
+    return {(g.name, m.role, m.instance, m.rank): (m.pid, m.endpoint) for g in controller.status().groups
+            for m in g.members}
 
 
 def _counter(text: str, name: str) -> float:

@@ -13,7 +13,7 @@ from fastapi.responses import JSONResponse
 from engine.core.llm_engine import EngineConfig
 from engine.router.app import create_router_app
 from engine.router.config import RouterConfig
-from engine.api.auth import CLIENT_HEADER, ApiKey, BearerAuth, key_digest, load_api_keys
+from engine.api.auth import CLIENT_HEADER, ApiKey, BearerAuth, key_digest, key_source
 from engine.api.inproc import serve_in_thread
 from engine.api.protocol import CompletionRequest
 
@@ -27,14 +27,14 @@ KEYS = [ApiKey.parse("urgent-key priority>=-10"), ApiKey.parse("plain-key"), Api
 def test_key_entries_carry_their_priority_floor(tmp_path):
     keys_file = tmp_path / "keys"
     keys_file.write_text("# operators\nops-key priority>=-100\n\nbatch-key priority>=5\n")
-    keys = load_api_keys(keys_file, environ={"TIDEFLOW_API_KEYS": "a-key, b-key priority>=-2"})
+    keys = key_source(keys_file, environ={"TIDEFLOW_API_KEYS": "a-key, b-key priority>=-2"}).keys()
     assert [(k.key, k.priority_floor) for k in keys] == [("a-key", 0), ("b-key", -2), ("ops-key", -100),
                                                         ("batch-key", 5)]
     for bad in ("k priority=-1", "k urgent>=1", "k priority>=x", "k priority>=-99999999999"):
         with pytest.raises(ValueError):
             ApiKey.parse(bad)
     with pytest.raises(ValueError, match="repeats an earlier key") as refused:
-        load_api_keys(keys_file, environ={"TIDEFLOW_API_KEYS": "batch-key"})  # plain here, priority>=5 in the file
+        key_source(keys_file, environ={"TIDEFLOW_API_KEYS": "batch-key"})  # plain here, priority>=5 in the file
     assert "batch-key" not in str(refused.value)
     assert "ops-key" not in repr(keys[2]) and "ops-key" not in str(keys[2])
 
