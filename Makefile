@@ -25,7 +25,7 @@ test: $(STAMP) prometheus browser
 
 # The inner loop: the tests that start no process and no server (tests/conftest.py marks the others `fleet`).
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not slow and not fleet"
+	$(BIN)/python -m pytest -q -m "not fleet"
 
 test-slow: $(STAMP) prometheus
 	$(BIN)/python -m pytest -q -m slow

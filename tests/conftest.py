@@ -140,17 +140,20 @@ def controller(tideflow_home, controller_model_dir, controller_args):
 # Prometheus, moto, Prefect's API), a `tideflow` command line, another Python process, a compiler (a kernel build),
 # a multiprocessing worker (DEP ranks), or a socket that listens (an app served on a thread). Those need ports,
 # homes and reaping, and they are what makes the suite take minutes. A module says so with
-# `pytestmark = pytest.mark.fleet`; a module with a test that uses one of FLEET_FIXTURES is marked here. What is
-# not marked may start none of them: the guard below fails such a test, naming what it started, so the marks stay
-# true as tests change.
+# `pytestmark = pytest.mark.fleet`; a module with a test that uses one of FLEET_FIXTURES is marked here. A test
+# not marked may start none of them: the guard below fails such a test, naming what it started, so the
+# marks stay true as tests change. Slow tests count as fleet tests.
 FLEET_FIXTURES = frozenset({"s3_endpoint", "controller", "prefect_api", "flow_home"})
 _HARMLESS = frozenset({"uname"})  # platform.processor() asks it
 
 
 def pytest_collection_modifyitems(config, items):
-    """Whole modules: a module-scoped fixture of a fleet test is torn down after the module's last test."""
+    """Whole modules: a module-scoped fixture of a fleet test is torn down after the module's last test. A slow
+    test is a fleet test too (each runs a pipeline, a drill or a simulation in processes of its own), so
+    `-m "not fleet"` alone is the inner loop."""
     fleet_modules = {item.module for item in items
-                     if FLEET_FIXTURES & set(getattr(item, "fixturenames", ())) or item.get_closest_marker("fleet")}
+                     if FLEET_FIXTURES & set(getattr(item, "fixturenames", ()))
+                     or item.get_closest_marker("fleet") or item.get_closest_marker("slow")}
     for item in items:
         if item.module in fleet_modules:
             item.add_marker(pytest.mark.fleet)
