@@ -23,7 +23,7 @@ from engine.runtime.errors import TideflowError
 from flows.build_kernels import build_kernels
 from flows.canary_release import ROLLED_BACK, CanaryParams, CanaryRolledBack, canary_release
 from flows.deploy_group import deploy_group
-from flows.drills import FaultDrillParams, LoadDrillParams, fault_drill, fleet_router, load_drill
+from flows.drill_flows import FaultDrillParams, LoadDrillParams, fault_drill, fleet_router, load_drill
 from flows.params import DeployParams, WeightsParams
 from flows.publish_weights import publish_weights
 from tasks.fleet import changing_fleet

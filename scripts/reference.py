@@ -62,7 +62,7 @@ SECTIONS: list[tuple[str, str, str, str | None]] = [
     ("Service level (the plan's targets)", "engine.capacity.plan:SLO", "", None),
     ("Load drill", "drills.spec:LoadDrillSpec", "", None),
     ("Fault drill", "drills.fault:FaultDrillSpec", "", None),
-    ("Fault drill flow (fault-drill-nightly)", "flows.drills:FaultDrillParams", "", None),
+    ("Fault drill flow (fault-drill-nightly)", "flows.drill_flows:FaultDrillParams", "", None),
     ("Tidal scale flow (tidal-scale-up, tidal-scale-down)", "flows.tidal_scale:TidalParams", "", None),
     ("Canary flow (canary-release)", "flows.canary_release:CanaryParams", "", None),
     ("Deploy flow (deploy-group; the canary's group)", "flows.params:DeployParams", "", None),

@@ -172,3 +172,11 @@ def test_the_checks_catch_what_they_look_for():
                "engine.core": {"engine.model"}}
     assert ("engine.model", "engine.server") in upward(made_up)
     assert circles(made_up) == [["engine.core", "engine.model", "engine.server"]]
+
+
+def test_no_flow_module_shadows_a_package():
+    """Prefect loads a deployment's entrypoint as a script, with flows/ first on sys.path: a flows/<name>.py named
+    like a top-level package (flows/drills.py beside drills/) takes its place, and the flow's own `import drills.x`
+    fails in every deployment run, while in-process imports (flows.drills) work."""
+    flow_modules = {p.stem for p in (ROOT / "flows").glob("*.py")}
+    assert sorted(flow_modules & set(PACKAGES)) == []

@@ -85,7 +85,7 @@ def test_the_nightly_fault_drill_hits_the_serving_group_by_explicit_permission()
 
 def test_a_malformed_entry_is_refused_naming_it(tmp_path):
     bad = tmp_path / "prefect.yaml"
-    bad.write_text("deployments:\n  - name: nightly\n    entrypoint: flows/drills.py:load_drill\n"
+    bad.write_text("deployments:\n  - name: nightly\n    entrypoint: flows/drill_flows.py:load_drill\n"
                    "    schedules: [{cron: '0 3 * * *', tz: UTC}]\n")
     with pytest.raises(DeploymentsFileError, match="nightly"):
         deployment_entries(bad)

@@ -13,7 +13,7 @@ from engine.control.models import GroupView
 from engine.group.manager import GroupState
 from flows.canary_release import CanaryParams, canary_release, stable_group
 from flows.deploy_group import deploy_group
-from flows.drills import DrillRefused, FaultDrillParams, drill_target, fault_drill
+from flows.drill_flows import DrillRefused, FaultDrillParams, drill_target, fault_drill
 from flows.fleet_status import fleet_status
 from flows.params import DeployParams
 from flows.tidal_scale import TidalParams, tidal_scale

@@ -14,7 +14,7 @@ from prefect.settings import PREFECT_API_URL, temporary_settings
 
 from engine.canary import CanaryPlan, CanaryStep
 from engine.control.client import ControlClient
-from flows.drills import FaultDrillParams, LoadDrillParams
+from flows.drill_flows import FaultDrillParams, LoadDrillParams
 from flows.release import ReleaseParams, release
 from engine.runtime.process import free_port, start_service
 from harness.canary import SHARED_CORES_JUDGE
