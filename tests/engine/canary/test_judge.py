@@ -124,7 +124,10 @@ def test_no_data_is_no_pass_and_nothing_new_spends_nothing():
 PLAN = [0.05, 0.25, 0.5]
 
 
+# the two simulations below run 1,500 seeded rollouts a scenario: pytest-timeout's default (300 s) cut the first one
+# on a slower run
 @pytest.mark.slow
+@pytest.mark.timeout(1200)
 def test_simulated_canaries_meet_the_issue_rates():
     """1500 seeded rollouts through 5, 25 and 50 % steps: at each step false rollbacks <= 5 % and a 30 % slower
     TTFT caught within 200 canary requests >= 95 %; the threshold gates roll back more good canaries and catch
@@ -138,6 +141,7 @@ def test_simulated_canaries_meet_the_issue_rates():
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)
 def test_simulated_erroring_canaries_are_caught_at_every_step():
     """2 % errors against none caught within 300 canary requests in >= 95 % of 1500 seeded rollouts at each step,
     the earlier steps' counts carried; alone, the 50 % step's own counts catch under 80 % (no test of one step's
