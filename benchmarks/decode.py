@@ -18,8 +18,8 @@ from common import copy_bandwidth_gbs, print_table  # noqa: E402
 
 from engine.offline.default_model import DEFAULT_CONFIG, write_default_model  # noqa: E402
 from engine.offline.generate import GenerationStats, generate  # noqa: E402
-from engine.model import load_model  # noqa: E402
-from engine.core.sampling import SamplingParams  # noqa: E402
+from engine.model.loader import load_model  # noqa: E402
+from engine.core.sampling_params import SamplingParams  # noqa: E402
 from harness.gpu_check import hf_decode_rate  # noqa: E402
 from tideflow_kernels.startup import startup_ops  # noqa: E402
 

@@ -54,10 +54,10 @@ from safetensors.torch import load_file, save_file
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import host, print_table  # noqa: E402
 
-from engine.core.sampling import SamplingParams  # noqa: E402
+from engine.core.sampling_params import SamplingParams  # noqa: E402
 from engine.offline.default_model import DEFAULT_CONFIG, write_default_model  # noqa: E402
 from engine.offline.generate import generate  # noqa: E402
-from engine.model import load_model  # noqa: E402
+from engine.model.loader import load_model  # noqa: E402
 from engine.runtime.process import Child, free_port, tideflow_argv, wait_http_ok  # noqa: E402
 
 KEY = "eplb-bench"

@@ -27,9 +27,9 @@ from common import print_table  # noqa: E402
 
 from engine.core.engine_config import EngineConfig  # noqa: E402
 from engine.core.llm_engine import LLMEngine  # noqa: E402
-from engine.core.sampling import SamplingParams  # noqa: E402
+from engine.core.sampling_params import SamplingParams  # noqa: E402
 from engine.offline.default_model import DEFAULT_CONFIG, write_default_model  # noqa: E402
-from engine.model import load_model  # noqa: E402
+from engine.model.loader import load_model  # noqa: E402
 from engine.model.tokenizer import Tokenizer  # noqa: E402
 from tideflow_kernels.startup import arch_for, startup_ops  # noqa: E402
 

@@ -28,7 +28,7 @@ from common import print_table  # noqa: E402
 from peer_vllm import prompts, start_tideflow, streams  # noqa: E402
 from serving import engine_throughput  # noqa: E402
 
-from engine import intraop  # noqa: E402
+from engine.runtime import intraop  # noqa: E402
 from engine.core.engine_config import EngineConfig  # noqa: E402
 from engine.core.llm_engine import LLMEngine  # noqa: E402
 from engine.offline.default_model import DEFAULT_CONFIG, write_default_model  # noqa: E402

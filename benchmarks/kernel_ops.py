@@ -88,7 +88,7 @@ def streamed_moe(compiled: dict, dtype: torch.dtype, layers: int = 8, rounds: in
 
 def small_model(dtype: str):
     from engine.model.config import ModelConfig
-    from engine.model import MoEForCausalLM
+    from engine.model.decoder import MoEForCausalLM
 
     config = ModelConfig(vocab_size=2048, hidden_size=512, num_layers=4, num_heads=8, num_kv_heads=2,
                          head_dim=64, num_experts=8, experts_per_token=2, intermediate_size=1024,
@@ -102,7 +102,7 @@ def small_model(dtype: str):
 
 
 def decode_tokens_per_s(config, model, batch: int, prompt: int, steps: int) -> tuple[float, list]:
-    from engine.model import AttentionMetadata, allocate_kv_cache
+    from engine.model.paged import AttentionMetadata, allocate_kv_cache
 
     block = 16
     per_seq = (prompt + steps + block - 1) // block

@@ -26,7 +26,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import host, print_table  # noqa: E402
 
-from engine import intraop  # noqa: E402
+from engine.runtime import intraop  # noqa: E402
 from engine.core.model_runner import ModelRunner, SeqStep  # noqa: E402
 from engine.offline.default_model import DEFAULT_CONFIG, write_default_model  # noqa: E402
 from engine.model import paged  # noqa: E402

@@ -25,11 +25,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import print_table  # noqa: E402
 
 import engine.core.llm_engine as llm_engine  # noqa: E402
-from engine import intraop  # noqa: E402
+from engine.runtime import intraop  # noqa: E402
 from engine.offline.default_model import DEFAULT_CONFIG, write_default_model  # noqa: E402
 from engine.core.llm_engine import EngineConfig, LLMEngine  # noqa: E402
-from engine.model import load_model  # noqa: E402
-from engine.core.sampling import SamplingParams  # noqa: E402
+from engine.model.loader import load_model  # noqa: E402
+from engine.core.sampling_params import SamplingParams  # noqa: E402
 from engine.model.tokenizer import Tokenizer  # noqa: E402
 from tideflow_kernels.startup import startup_ops  # noqa: E402
 

@@ -20,7 +20,7 @@ import torch
 from engine.offline.default_model import DEFAULT_CONFIG, write_default_model
 from engine.core.llm_engine import EngineConfig, LLMEngine
 from engine.model.loader import load_model
-from engine.core.sampling import SamplingParams
+from engine.core.sampling_params import SamplingParams
 from engine.model.tokenizer import Tokenizer
 from tideflow_kernels.startup import arch_for, startup_ops
 

@@ -24,7 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import print_table  # noqa: E402
 
 from engine.offline.default_model import DEFAULT_CONFIG, TINY_CONFIG, write_default_model  # noqa: E402
-from drills import LoadDrillSpec, run_load_drill  # noqa: E402
+from drills.load import run_load_drill  # noqa: E402
+from drills.spec import LoadDrillSpec  # noqa: E402
 from engine.group.groupset import GroupSetConfig, LocalGroupSet  # noqa: E402
 from engine.group.manager import GroupState, ManagedGroup  # noqa: E402
 from engine.group.spec import InferenceGroup  # noqa: E402

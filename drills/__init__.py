@@ -1,7 +1,3 @@
-"""Drills against a running OpenAI-compatible server: open-loop load (`run_load_drill`) with reports."""
-
-from drills.load import DrillProgress, run_load_drill, run_load_drill_async
-from drills.results import LoadDrillReport
-from drills.spec import LoadDrillSpec
-
-__all__ = ["DrillProgress", "LoadDrillReport", "LoadDrillSpec", "run_load_drill", "run_load_drill_async"]
+"""Drills against a running fleet from outside it: open-loop load (drills/load.py) with its reports, and the fault
+drill (drills/fault.py). Import the module you need: the package loads nothing, so `tideflow` starts without the
+openai client."""

@@ -20,6 +20,7 @@ from drills.results import LoadDrillReport, RequestRecord, capacity_watermark, s
 from drills.spec import LoadDrillSpec
 from drills.workload import PlannedRequest, build_schedule
 from engine.runtime.http import bearer_async_client
+from engine.telemetry.tracing import FLOW_RUN_BAGGAGE
 
 
 class DrillProgress(BaseModel):
@@ -114,8 +115,9 @@ def _client(spec: LoadDrillSpec) -> openai.AsyncOpenAI:
     limits = httpx.Limits(max_connections=spec.max_in_flight, max_keepalive_connections=spec.max_in_flight)
     http = bearer_async_client(None, timeout_s=spec.request_timeout_s, limits=limits)  # openai adds the key
     key = os.environ.get(spec.api_key_env, "") if spec.api_key_env else ""
+    baggage = {"baggage": f"{FLOW_RUN_BAGGAGE}={spec.flow_run_id}"} if spec.flow_run_id else None
     return openai.AsyncOpenAI(base_url=spec.base_url, api_key=key or "none", max_retries=0,
-                              timeout=spec.request_timeout_s, http_client=http)
+                              timeout=spec.request_timeout_s, http_client=http, default_headers=baggage)
 
 
 async def replay(spec: LoadDrillSpec, records: list[RequestRecord]) -> list[list[str] | None]:

@@ -38,6 +38,9 @@ class LoadDrillSpec(BaseModel):
     max_in_flight: int = Field(1024, ge=1, description="open requests allowed; arrivals over it are counted as errors")
     request_timeout_s: float = Field(60.0, gt=0, description="a request still open after this is an error")
     seed: int = Field(0, description="seeds arrivals, lengths and prompt words")
+    flow_run_id: str | None = Field(None, pattern=r"^[0-9a-fA-F-]{1,64}$",
+                                    description="the Prefect flow run sending this load: every request carries it in "
+                                                "its W3C baggage, so the fleet's traces name the run")
     expectations_suite: Path | Literal["packaged"] | None = Field(
         "packaged", description="GX suite (JSON) the step table must pass; packaged: drills/load_drill_suite.json; "
                                 "None = skip")

@@ -17,7 +17,8 @@ from tideflow_kernels import isa
 
 # Modules exposing add_commands(subparsers), imported in this order.
 ENGINE_COMMANDS = ("engine.offline.cli", "engine.server.cli", "engine.router.cli", "engine.control.cli", "engine.control.group_cli",
-                   "engine.control.audit_cli", "engine.control.keys_cli", "engine.weights.cli", "tideflow_kernels.cli", "engine.capacity.cli")
+                   "engine.control.audit_cli", "engine.control.keys_cli", "engine.weights.cli", "tideflow_kernels.cli", "engine.capacity.cli",
+                   "engine.telemetry.trace_cli")
 
 
 def build_parser(modules: tuple[str, ...] = ENGINE_COMMANDS) -> argparse.ArgumentParser:

@@ -10,6 +10,7 @@ import os
 from pathlib import Path
 
 from prefect import flow, get_run_logger
+from prefect.runtime import flow_run
 from pydantic import BaseModel, Field
 
 from engine.control import discovery
@@ -99,7 +100,8 @@ def load_drill(params: LoadDrillParams = LoadDrillParams()) -> LoadDrillReport:
     url, key_env = (params.router_url, params.api_key_env) if params.router_url else fleet_router()
     spec = LoadDrillSpec(url=url, model="default", api_key_env=key_env, steps=params.steps, hold_s=params.hold_s,
                          prompt_len=params.prompt_len, output_len=params.output_len, slo_ttft_ms=params.slo_ttft_ms,
-                         slo_tpot_ms=params.slo_tpot_ms, out_dir=home() / "drills" / "load-latest")
+                         slo_tpot_ms=params.slo_tpot_ms, out_dir=home() / "drills" / "load-latest",
+                         flow_run_id=flow_run.id)
     if params.router_url:  # another fleet's router: this controller's lease says nothing about it
         return run_load_drill(spec)
     with changing_fleet("load drill"):  # its load would skew a canary's judge, and a scale's view of the load
@@ -129,7 +131,8 @@ def fault_drill(params: FaultDrillParams = FaultDrillParams()) -> FaultDrillRepo
         try:
             url, key_env = fleet_router()
             load = LoadDrillSpec(url=url, model="default", api_key_env=key_env, rate=params.rate,
-                                 duration_s=params.duration_s, expectations_suite=None, progress_bar=False)
+                                 duration_s=params.duration_s, expectations_suite=None, progress_bar=False,
+                                 flow_run_id=flow_run.id)
             return run_fault_drill(FaultDrillSpec(group=name, target=params.target, repeats=params.repeats, load=load))
         finally:
             if warm is not None:

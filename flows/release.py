@@ -10,6 +10,7 @@ import threading
 from pathlib import Path
 
 from prefect import flow
+from prefect.runtime import flow_run
 from prefect.artifacts import create_markdown_artifact
 from prefect.states import Completed, Failed, State
 from pydantic import BaseModel, Field
@@ -151,7 +152,8 @@ def _background_traffic(params: ReleaseParams, out: dict) -> tuple[threading.Thr
     duration = 60.0 + sum(s.max_hold_s for s in params.plan.steps)
     url, key_env = fleet_router()
     spec = LoadDrillSpec(url=url, model="default", api_key_env=key_env, rate=params.canary_traffic_rps,
-                         duration_s=duration, output_len="fixed:16", expectations_suite=None, progress_bar=False)
+                         duration_s=duration, output_len="fixed:16", expectations_suite=None, progress_bar=False,
+                         flow_run_id=flow_run.id)
 
     def run() -> None:
         r = background_load(spec, stop=stop)

@@ -95,8 +95,8 @@ class Check:
         import transformers
 
         from engine.offline.generate import generate
-        from engine.model import load_model
-        from engine.core.sampling import SamplingParams
+        from engine.model.loader import load_model
+        from engine.core.sampling_params import SamplingParams
 
         torch.backends.cuda.matmul.allow_tf32 = False  # the reference must be fp32, as ours is
         torch.manual_seed(1234)
@@ -147,8 +147,8 @@ class Check:
         from transformers import AutoModelForCausalLM
 
         from engine.offline.generate import GenerationStats, generate
-        from engine.model import load_model
-        from engine.core.sampling import SamplingParams
+        from engine.model.loader import load_model
+        from engine.core.sampling_params import SamplingParams
 
         dtype = getattr(torch, self.dtype)
         path = self.model_dir()

@@ -10,7 +10,8 @@ from pathlib import Path
 import numpy as np
 from pydantic import BaseModel, Field
 
-from drills import LoadDrillSpec, run_load_drill
+from drills.load import run_load_drill
+from drills.spec import LoadDrillSpec
 from engine.group.groupset import LocalGroupSet
 from engine.group.spec import InferenceGroup
 from engine.scaling.autoscaler import Autoscaler

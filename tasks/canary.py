@@ -9,6 +9,7 @@ from __future__ import annotations
 from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
+from prefect.runtime import flow_run
 
 from engine.canary import CanaryPlan, CanaryStep, DirectSource, PrometheusSource
 from engine.canary.gates import GateResult, GateSuite, step_row
@@ -17,6 +18,7 @@ from engine.canary.samples import RouterSamples
 from engine.control import discovery
 from engine.control.client import ControlClient
 from engine.control.models import CanaryRecord
+from engine.telemetry import tracing
 from tasks.retry import BACKOFF, JITTER
 
 
@@ -41,12 +43,14 @@ def collect_metrics(stable: str, canary: str, index: int, step: CanaryStep, plan
     """Hold the step: the judge looks at both groups' per-request samples every check, so a bad canary leaves
     as soon as the evidence is clear; the suite runs on the judge table at the step's end."""
     logger = get_run_logger()
+    tracing.setup("canary")  # the judge's verdict per step, as spans (engine/telemetry/tracing.py)
     with ControlClient.connect() as client:
         source = _source(client, prometheus_url)
         samples = RouterSamples(lambda: client.status().replica_urls(), discovery.router_key(), [stable, canary])
         try:
             report = hold_step(stable, canary, index, step, plan, source, samples, GateSuite(plan.suite_path()), done,
-                               lambda e: logger.info("step %d %s: %s", e.step, e.kind, e.message))
+                               lambda e: logger.info("step %d %s: %s", e.step, e.kind, e.message),
+                               {tracing.FLOW_RUN: str(flow_run.id)} if flow_run.id else None)
         finally:
             samples.close()
             source.close()

@@ -7,14 +7,14 @@ import sys
 
 from pydantic import ValidationError
 
-from tideflow_kernels.build import build
 from tideflow_kernels.errors import BuildFailed
-from tideflow_kernels.ops import OP_NAMES
 from tideflow_kernels.report import table
-from tideflow_kernels.spec import BuildRequest
+from tideflow_kernels.spec import OP_NAMES, BuildRequest
 
 
 def _build(args: argparse.Namespace) -> int:
+    from tideflow_kernels.build import build  # torch and the compiler: not for the other commands' start
+
     try:
         request = BuildRequest(target=args.target, arch=args.arch, opt_level=args.opt_level,
                                source_dir=args.source_dir, bench_iters=args.bench_iters,

@@ -8,10 +8,10 @@ from types import ModuleType
 from typing import Callable
 
 from tideflow_kernels import reference
+from tideflow_kernels.spec import OP_NAMES
 
 log = logging.getLogger(__name__)
 
-OP_NAMES = ("rms_norm", "rotary_embedding", "topk_gating", "moe_experts", "paged_decode_attention")
 DEVICE_TYPES = ("cpu", "cuda")  # a compiled build serves one of these; any other device gets the reference
 
 # op -> device type -> the compiled function routed for tensors on that device (absent: the torch reference)

@@ -10,8 +10,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, computed_field, field_validator
 
-from tideflow_kernels.ops import OP_NAMES
-
+OP_NAMES = ("rms_norm", "rotary_embedding", "topk_gating", "moe_experts", "paged_decode_attention")  # the custom ops
 CPU_ARCHES = ("native", "cpu")
 _CPU_MARCH = re.compile(r"^x86-64(-v[234])?$")
 _CUDA_ARCH = re.compile(r"^sm_[0-9]{2,3}a?$")

@@ -19,7 +19,7 @@ from pathlib import Path
 from fastapi import Request
 from pydantic import BaseModel, Field
 
-from engine.core.sampling import PRIORITY_RANGE
+from engine.core.sampling_params import PRIORITY_RANGE
 from engine.api.errors import APIError
 from tideflow_kernels.atomic_file import atomic_write_text
 

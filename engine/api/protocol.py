@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationInfo, field_validator
 
-from engine.core.sampling import MAX_LOGIT_BIAS, MAX_TOP_LOGPROBS, PRIORITY_RANGE, SamplingParams
+from engine.core.sampling_params import MAX_LOGIT_BIAS, MAX_TOP_LOGPROBS, PRIORITY_RANGE, SamplingParams
 from engine.model.tokenizer import ChatMessage, Text
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import msgspec
 from pydantic import ValidationError
 
-from engine.core.sampling import SamplingParams
+from engine.core.sampling_params import SamplingParams
 from engine.api.errors import APIError, clip, invalid
 from engine.api.protocol import MAX_MESSAGES, ChatCompletionRequest, CompletionRequest
 from engine.model.tokenizer import Tokenizer

@@ -14,6 +14,7 @@ import math
 import time
 from typing import Any, Callable, Literal, Protocol
 
+from opentelemetry.trace import Status, StatusCode
 from pydantic import BaseModel, Field
 
 from engine.canary.gates import GateResult, GateSuite, step_row
@@ -24,6 +25,7 @@ from engine.canary.samples import RouterSamples
 from engine.runtime.errors import TideflowError
 from engine.router.admin import wait_drained
 from engine.router.samples import Sample
+from engine.telemetry import tracing
 
 log = logging.getLogger(__name__)
 
@@ -131,9 +133,32 @@ def shift_weights(admin: RouterVerbs, stable: str, canary: str, percent: float) 
 
 
 def hold_step(stable: str, canary: str, index: int, step: CanaryStep, plan: CanaryPlan, source: MetricsSource,
-              samples: RouterSamples, gates: GateSuite, done: list[StepReport], notify: Progress) -> StepReport:
+              samples: RouterSamples, gates: GateSuite, done: list[StepReport], notify: Progress,
+              trace_attributes: dict[str, str] | None = None) -> StepReport:
     """Judge the step (its weights already set) until every metric passes, one fails, or max_hold_s runs out;
-    then run the suite on the judge table (the earlier steps' rows and this one's)."""
+    then run the suite on the judge table (the earlier steps' rows and this one's). The step is a `canary.step`
+    span with the judge's verdict per metric (engine/telemetry/tracing.py); `trace_attributes` go on it too (the
+    flow run that holds the step)."""
+    span = tracing.tracer().start_span("canary.step", attributes={
+        **(trace_attributes or {}), "canary.stable": stable, "canary.group": canary, "canary.step": index,
+        "canary.percent": step.percent})
+    try:
+        report = _hold_step(stable, canary, index, step, plan, source, samples, gates, done, notify)
+    except BaseException as exc:
+        span.record_exception(exc)
+        span.set_status(Status(StatusCode.ERROR, type(exc).__name__))
+        raise
+    else:
+        span.set_attributes({"canary.verdict": step_verdict(report.verdicts), "canary.checks": report.checks,
+                             "canary.passed": report.passed, "canary.elapsed_s": report.elapsed_s,
+                             **{f"canary.verdict.{v.metric}": v.verdict for v in report.verdicts}})
+        return report
+    finally:
+        span.end()
+
+
+def _hold_step(stable: str, canary: str, index: int, step: CanaryStep, plan: CanaryPlan, source: MetricsSource,
+               samples: RouterSamples, gates: GateSuite, done: list[StepReport], notify: Progress) -> StepReport:
     started_at, t0 = time.time(), time.monotonic()
     notify(CanaryEvent(kind="step_started", step=index, percent=step.percent,
                        message=f"{canary} {step.percent:g} %, {stable} {100 - step.percent:g} %"))

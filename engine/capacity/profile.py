@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from engine.core.sampling import SamplingParams
+from engine.core.sampling_params import SamplingParams
 from engine.runtime.paths import default_model_dir, home
 from tideflow_kernels import isa
 from tideflow_kernels.atomic_file import atomic_write_text
@@ -148,7 +148,8 @@ def profile_role(spec: ProfileSpec, progress: Progress | None = None) -> RolePro
     """Build the engine, sweep the spec's points, and return the figures (nothing written)."""
     from engine.core.engine_config import EngineConfig
     from engine.core.llm_engine import LLMEngine
-    from engine.model.loader import load_model, read_config
+    from engine.model.config import read_config
+    from engine.model.loader import load_model
     from engine.model.tokenizer import Tokenizer
     from tideflow_kernels.startup import arch_for, startup_ops
 

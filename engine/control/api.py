@@ -27,6 +27,7 @@ from engine.scaling.pool import ScaleResult
 from engine.api.auth import BearerAuth, KeySource, publish_openapi
 from engine.api.limits import BodyLimit
 from engine.api.errors import APIError, install_error_handlers
+from engine.telemetry.tracing import FASTAPI_OWN_TELEMETRY_OFF
 
 GroupName = Annotated[str, Path(pattern=GROUP_NAME_PATTERN, description="group name (a DNS-1123 label)")]
 
@@ -38,7 +39,8 @@ def create_control_app(controller: Controller, on_down: Callable[[], None], body
     # router replicas: the route set only
     router_auth = BearerAuth(KeySource(dynamic=lambda: [*keys.accepted("routes"), *keys.accepted("admin")]))
     reader_auth = BearerAuth(KeySource(dynamic=lambda: [*keys.accepted("client"), *keys.accepted("admin")]))
-    app = FastAPI(title="tideflow controller", docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(title="tideflow controller", docs_url=None, redoc_url=None, openapi_url=None,
+                  telemetry=FASTAPI_OWN_TELEMETRY_OFF)
     app.add_middleware(BodyLimit, max_bytes=1 << 20, read_timeout_s=body_timeout_s)  # specs and small bodies only
     app.add_middleware(AuditMiddleware, audit=controller.audit, roles=controller.key_roles)  # outermost: sees all
     publish_openapi(app, auth)
@@ -189,7 +191,8 @@ def create_control_app(controller: Controller, on_down: Callable[[], None], body
 def create_standby_app(leader: Callable[[], str]) -> FastAPI:
     """What a controller replica that campaigns for the Lease answers: alive, not ready (the Service sends it
     nothing), and who leads (`leader()`: the Lease's holder as last seen)."""
-    app = FastAPI(title="tideflow controller (standby)", docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(title="tideflow controller (standby)", docs_url=None, redoc_url=None, openapi_url=None,
+                  telemetry=FASTAPI_OWN_TELEMETRY_OFF)
 
     @app.get("/health")
     def health() -> dict:

@@ -5,7 +5,7 @@ refusal reads the same from either) and the errors it raises."""
 from __future__ import annotations
 
 from engine.core.resume import Resume
-from engine.core.sampling import SamplingParams
+from engine.core.sampling_params import SamplingParams
 from engine.runtime.errors import TideflowError
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import msgspec
 
-from engine.core.sampling import Logprob
+from engine.core.sampling_params import Logprob
 
 
 class Hello(msgspec.Struct, tag="hello"):
@@ -24,7 +24,7 @@ class Hello(msgspec.Struct, tag="hello"):
 
 
 class Add(msgspec.Struct, tag="add"):
-    """A new request; `params` is engine.core.sampling.SamplingParams as a dict, `resume` a Resume as a dict."""
+    """A new request; `params` is engine.core.sampling_params.SamplingParams as a dict, `resume` a Resume as a dict."""
 
     request_id: str
     prompt_token_ids: list[int]
@@ -66,6 +66,7 @@ class Output(msgspec.Struct, array_like=True):
     seed: int | None = None
     status: int = 0  # an Add the core refused: the HTTP status to answer (429 queue full, 400 too long)
     logprobs: list[Logprob] | None = None  # one per token id, when the request asked for them
+    timeline: list[int] | None = None  # on the last output: engine.telemetry.tracing.Timeline's fields
 
 
 class Outputs(msgspec.Struct, tag="outputs"):

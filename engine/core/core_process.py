@@ -22,6 +22,8 @@ from __future__ import annotations
 import logging
 import os
 import queue
+import shutil
+import signal
 import sys
 import threading
 import time
@@ -37,7 +39,7 @@ from engine.core.admission import EngineError
 from engine.core.llm_engine import LLMEngine
 from engine.core.outputs import RequestOutput
 from engine.core.resume import Resume
-from engine.core.sampling import SamplingParams
+from engine.core.sampling_params import SamplingParams
 from engine.runtime.errors import EXIT_ENGINE_FAILED, exit_member
 from engine.runtime.process import die_with_parent
 
@@ -56,6 +58,8 @@ class CoreSpec(BaseModel):
     metrics_version: str = ""
     role: str = "colocated"
     starter_pid: int = Field(default_factory=os.getpid, description="the core ends when this process does")
+    socket_dir: str | None = Field(None, description="the member's folder of ipc sockets: the core removes it when it "
+                                                     "outlives its starter (a SIGKILLed member leaves nothing behind)")
 
 
 class EngineCore:
@@ -258,7 +262,8 @@ class EngineCore:
 
 def _wire(out: RequestOutput) -> m.Output:
     return m.Output(out.request_id, out.token_ids, out.finish_reason, out.prompt_tokens, out.completion_tokens,
-                    out.cached_tokens, out.error, out.seed, logprobs=out.logprobs)
+                    out.cached_tokens, out.error, out.seed, logprobs=out.logprobs,
+                    timeline=None if out.timeline is None else list(out.timeline))
 
 
 def main(argv: list[str]) -> int:
@@ -269,13 +274,23 @@ def main(argv: list[str]) -> int:
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s engine-core %(name)s: %(message)s")
     spec = CoreSpec.model_validate_json(argv[0])
-    die_with_parent(spec.starter_pid)  # also while loading
-    intraop.serial_process(spec.threads)  # before any torch op: the engine thread alone runs parallel ops
-    startup_ops(arch_for(resolve_device(spec.engine.device)), spec.kernels)
-    metrics = ServingMetrics(MetricFactory(group=spec.metrics_group, version=spec.metrics_version, role=spec.role))
-    engine = LLMEngine.from_dir(spec.model_dir, spec.engine, metrics, make_text=False)
-    EngineCore(engine, spec.input_address).serve()
+    signal.signal(signal.SIGTERM, _leave)  # unwinds, so the finally below runs
+    try:
+        die_with_parent(spec.starter_pid)  # also while loading
+        intraop.serial_process(spec.threads)  # before any torch op: the engine thread alone runs parallel ops
+        startup_ops(arch_for(resolve_device(spec.engine.device)), spec.kernels)
+        metrics = ServingMetrics(MetricFactory(group=spec.metrics_group, version=spec.metrics_version, role=spec.role))
+        engine = LLMEngine.from_dir(spec.model_dir, spec.engine, metrics, make_text=False)
+        EngineCore(engine, spec.input_address).serve()
+    finally:
+        if spec.socket_dir and os.getppid() != spec.starter_pid:  # the starter is gone: nobody else will remove it
+            shutil.rmtree(spec.socket_dir, ignore_errors=True)
     return 0
+
+
+def _leave(signum: int, frame: object) -> None:
+    """SIGTERM (from the starter, or from the kernel when the starter died) as SystemExit: an orderly way out."""
+    raise SystemExit(0)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from engine.kvtier.config import KVTierConfig
 
+DEFAULT_KV_FRACTION = 0.2  # of available memory, when a config gives neither kv_cache_bytes nor kv_cache_fraction
+
 
 class EngineKnobs(BaseModel):
     """One serving engine's knobs, with one set of defaults wherever they are given."""

@@ -7,45 +7,21 @@ keep their contents and hash (evictable, LRU order) until a fresh block is neede
 
 from __future__ import annotations
 
-import hashlib
 from collections import OrderedDict
 from typing import Callable
 
 import torch
 
 from engine.core import host_memory
+from engine.core.block_hash import block_hash, chain_hashes
 from engine.core.kv_events import KVEventLog
 from engine.model.config import ModelConfig
 from engine.model.paged import KVCache, kv_bytes_per_block
 from engine.core.sequence import Sequence
 
 
-def chain_hashes(tokens: list[int], block_size: int, extras: dict[int, bytes], prev: int | None, start: int,
-                 stop: int) -> list[int]:
-    """The hashes of full blocks [start, stop) of `tokens`, block `start - 1` hashing to `prev`."""
-    hashes = []
-    for i in range(start, stop):
-        prev = block_hash(prev, tokens[i * block_size : (i + 1) * block_size], extras.get(i, b""))
-        hashes.append(prev)
-    return hashes
-
-
 class OutOfBlocks(Exception):
     """Not enough free blocks for the tokens asked for; the scheduler preempts and retries."""
-
-
-def block_hash(prev: int | None, tokens: list[int], extra: bytes = b"") -> int:
-    """Stable across processes (the PD transfer matches hashes between instances).
-
-    `extra` names what the token ids do not: the images whose placeholder tokens the block holds.
-    """
-    h = hashlib.blake2b(digest_size=8)
-    h.update((prev if prev is not None else 0).to_bytes(8, "little", signed=False))
-    h.update(b"\x01" if prev is not None else b"\x00")
-    h.update(torch.tensor(tokens, dtype=torch.int64).numpy().tobytes())
-    if extra:
-        h.update(extra)
-    return int.from_bytes(h.digest(), "little")
 
 
 class BlockAllocator:

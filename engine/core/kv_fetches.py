@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from engine.core.kv_cache import chain_hashes
+from engine.core.block_hash import chain_hashes
 from engine.core.sequence import Sequence
 from engine.kvtier.tiered import TieredKV
 

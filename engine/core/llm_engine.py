@@ -22,9 +22,10 @@ from typing import Callable
 import torch
 
 from engine.runtime.device import to_device
-from engine.encoder.prompt import block_extras, step_embeds
+from engine.encoder.prompt import block_extras
+from engine.encoder.splice import step_embeds
 from engine.core.client_tokens import ClientTokens, client_cap
-from engine.core.engine_config import EngineConfig
+from engine.core.engine_config import DEFAULT_KV_FRACTION, EngineConfig
 from engine.encoder.splice import SplicedPrompt
 from engine.core.admission import EngineError, QueueFull, check_request
 from engine.runtime import intraop
@@ -39,20 +40,21 @@ from engine.core.decode_graphs import decode_graphs_for
 from engine.core.model_runner import ModelRunner, SeqStep
 from engine.core.outputs import RequestOutput, RequestStream, Result, Sink
 from engine.core.output_text import RequestText
-from engine.core.pd import Handoff, HandoffResult, PrefixGone, hand_off, import_prefilled
+from engine.core.pd import Handoff, PrefixGone, hand_off, import_prefilled
+from engine.core.pd_messages import HandoffResult
 from engine.core.resume import Resume
-from engine.core.sampling import Logprob, SamplingParams, resolve_seed, sample
+from engine.core.sampling import sample
+from engine.core.sampling_params import Logprob, SamplingParams, resolve_seed
 from engine.core.scheduler import Scheduler, StepPlan
 from engine.core.sequence import SeqStatus, Sequence
 from engine.telemetry.metrics import ServingMetrics
+from engine.telemetry.tracing import Timeline, wall_ns
 from engine.core.step_clock import StepClock
 from engine.core.step_cost import StepCost
 from engine.core.stop import finish_reason
 from engine.model.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
-
-DEFAULT_KV_FRACTION = 0.2
 
 
 @dataclass
@@ -497,7 +499,8 @@ class LLMEngine:
         imp.on_imported()
         self.metrics.kv_transfer_skipped_blocks.inc(imp.skipped_blocks)
         self.scheduler.adopt(seq)
-        self._on_token(req, imp.first_token, time.monotonic(), imp.first_logprob)
+        seq.imported_at = time.monotonic()
+        self._on_token(req, imp.first_token, seq.imported_at, imp.first_logprob)
         return True
 
     def _recompute_prefilled(self, req: _Request) -> None:
@@ -520,6 +523,7 @@ class LLMEngine:
             self._fail(req, f"KV export failed: {exc}")
             return
         self.metrics.ttft.observe(now - seq.arrival)
+        req.first_token_at = now
         self.scheduler.finish(seq, "handoff")
         self._forget(seq.request_id)
         self.metrics.requests.labels("handoff").inc()
@@ -533,6 +537,10 @@ class LLMEngine:
         self.metrics.prefill_tokens.inc(
             sum(i.num_new for i in plan.batch if not (i.num_new == 1 and i.completes and i.seq.output_tokens))
         )
+        began = time.monotonic()
+        for item in plan.batch:
+            if item.seq.scheduled_at is None:
+                item.seq.scheduled_at = began
         try:
             logits = self.runner.step(steps)
             rows = [i for i, item in enumerate(plan.batch) if item.completes]
@@ -617,8 +625,14 @@ class LLMEngine:
     def _output(self, req: _Request, tokens: list[int], text: str, reason: str | None, error: str | None = None,
                 logprobs: list[Logprob] | None = None) -> RequestOutput:
         seq = req.seq
+        timeline = None
+        if reason is not None:  # the last output: the request's times, for its trace (engine/telemetry/tracing.py)
+            now = time.time_ns()
+            timeline = Timeline(wall_ns(seq.arrival), wall_ns(seq.departed_at), wall_ns(seq.imported_at),
+                                wall_ns(seq.scheduled_at), wall_ns(req.first_token_at),
+                                now if reason == "handoff" else 0, now)
         return RequestOutput(seq.request_id, tokens, text, reason, len(seq.prompt_tokens), len(seq.output_tokens),
-                             seq.num_cached_prompt, error, seed=seq.seed, logprobs=logprobs)
+                             seq.num_cached_prompt, error, seed=seq.seed, logprobs=logprobs, timeline=timeline)
 
     def _observe(self, plan: StepPlan) -> None:
         m, stats = self.metrics, self.scheduler.prefix_stats

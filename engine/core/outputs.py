@@ -7,8 +7,9 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Callable
 
-from engine.core.pd import HandoffResult
-from engine.core.sampling import Logprob
+from engine.core.pd_messages import HandoffResult
+from engine.core.sampling_params import Logprob
+from engine.telemetry.tracing import Timeline, engine_spans
 
 
 @dataclass
@@ -26,6 +27,7 @@ class RequestOutput:
     handoff: HandoffResult | None = None
     seed: int | None = None  # what the request draws from: another worker resuming it draws the same
     logprobs: list[Logprob] | None = None  # one per token id, when the request asked for them
+    timeline: Timeline | None = None  # on the last output: when the request passed each point in the engine
 
     @property
     def finished(self) -> bool:
@@ -69,6 +71,8 @@ class RequestStream:
             out = self.queue.get_nowait()  # no task for an output that is already here
         if isinstance(out, Exception):
             raise out
+        if out.timeline is not None:
+            engine_spans(out.timeline)  # here, in the request's context: under its span
         return out
 
     async def __aiter__(self):
@@ -76,6 +80,8 @@ class RequestStream:
             out = await self.queue.get()
             if isinstance(out, Exception):  # refused after submission (an engine core in its own process)
                 raise out
+            if out.timeline is not None:
+                engine_spans(out.timeline)
             yield out
             if out.finished:
                 return

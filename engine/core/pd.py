@@ -12,16 +12,12 @@ were evicted meanwhile, decode recomputes the prompt itself (PrefixGone): slower
 
 from __future__ import annotations
 
-import uuid
 from dataclasses import dataclass
 
-from pydantic import BaseModel, Field
-
-from engine.encoder.prompt import PromptImage
 from engine.core.kv_cache import BlockAllocator, OutOfBlocks, export_into, import_blocks, kv_nbytes
 from engine.model.paged import KVCache
-from engine.core.resume import Resume
-from engine.core.sampling import Logprob
+from engine.core.pd_messages import HandoffResult
+from engine.core.sampling_params import Logprob
 from engine.core.sequence import Sequence
 from engine.transfer import KVSender, TransferDescriptor
 
@@ -33,40 +29,6 @@ class Handoff:
     sender: KVSender
     transfer_id: str
     skip_blocks: int = 0  # leading blocks the decode worker holds already: not exported
-
-
-class HandoffResult(BaseModel):
-    """What prefill returns; the router passes it to decode unchanged."""
-
-    first_token: int
-    descriptor: TransferDescriptor
-    seed: int | None = Field(None, ge=-(2**63), lt=2**64,
-                             description="what the request samples from (engine.core.sampling.step_uniform); None = greedy")
-    num_cached_tokens: int = Field(0, ge=0, description="prompt tokens prefill found in its prefix cache")
-    first_logprob: Logprob | None = Field(None, description="the first token's log-probabilities, when asked for")
-    skipped_blocks: int = Field(0, ge=0, description="leading blocks not in the transfer: the decode worker takes "
-                                                      "them from its own prefix cache")
-
-
-class PrefillRequest(BaseModel):
-    prompt_token_ids: list[int] = Field(min_length=1)
-    request: dict = Field(description="the client's OpenAI request body (sampling fields)")
-    images: list[PromptImage] = Field(default_factory=list, description="encoder output placed in the prompt")
-    resume: Resume | None = Field(None, description="a migrated request: prefill covers prompt + these tokens")
-    skip_blocks: int = Field(0, ge=0, description="leading blocks the decode worker holds: left out of the transfer "
-                                                  "(at least the last block is always sent)")
-
-
-class DecodeRequest(HandoffResult):
-    api: str = Field(pattern="^(completions|chat/completions)$")
-    request: dict
-    prompt_token_ids: list[int] = Field(min_length=1)
-    images: list[PromptImage] = Field(default_factory=list, description="encoder output placed in the prompt")
-    resume: Resume | None = Field(None, description="a migrated request: what its client already received")
-
-
-def new_transfer_id() -> str:
-    return uuid.uuid4().hex
 
 
 def export_kv(kv_cache: KVCache, block_ids: list[int], handoff: Handoff) -> TransferDescriptor:

@@ -15,7 +15,7 @@ class Resume(BaseModel):
     output_token_ids: list[int] = Field(default_factory=list, description="tokens the client already received")
     sent_chars: int = Field(0, ge=0, description="characters of text the client already received")
     seed: int | None = Field(None, ge=-(2**63), lt=2**64,
-                             description="the seed the first worker drew with (engine.core.sampling.resolve_seed)")
+                             description="the seed the first worker drew with (engine.core.sampling_params.resolve_seed)")
 
 # The router asks a member for token ids with this header; the member then adds this field to every
 # streamed chunk ({"token_ids", "seed"}; the first also "prompt_token_ids") and the router strips it.

@@ -159,6 +159,8 @@ class Scheduler:
         if self.shuttle.due(now):
             arrivals = self.shuttle.depart()
             departed = len(arrivals)
+            for seq in arrivals:
+                seq.departed_at = now
             self.waiting.extend(arrivals)
         self._activate(now)
         # With other clients about (running, queued, or between two of their requests), no client's prefill may take

@@ -6,7 +6,7 @@ import enum
 import time
 from dataclasses import dataclass, field
 
-from engine.core.sampling import SamplingParams
+from engine.core.sampling_params import SamplingParams
 
 
 class SeqStatus(enum.Enum):
@@ -26,8 +26,11 @@ class Sequence:
     request_id: str
     prompt_tokens: list[int]
     params: SamplingParams
-    seed: int | None = None  # engine.core.sampling.resolve_seed: None for greedy requests
+    seed: int | None = None  # engine.core.sampling_params.resolve_seed: None for greedy requests
     arrival: float = field(default_factory=time.monotonic)
+    departed_at: float | None = None  # left the shuttle window (monotonic s): the times a trace shows
+    imported_at: float | None = None  # its KV came in from prefill (a decode worker)
+    scheduled_at: float | None = None  # its first step began
     output_tokens: list[int] = field(default_factory=list)
     status: SeqStatus = SeqStatus.WAITING
     block_table: list[int] = field(default_factory=list)

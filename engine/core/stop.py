@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from engine.core.sampling import SamplingParams
+from engine.core.sampling_params import SamplingParams
 
 
 def find_stop(text: str, stops: list[str]) -> int | None:

@@ -9,16 +9,26 @@ hashes are folded into the prefix-cache block hashes, since every image has the 
 from __future__ import annotations
 
 import base64
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
 from pydantic import BaseModel, Field
-from torch import nn
 
-from engine.encoder.splice import ImageSpan, SplicedPrompt, splice
 from engine.model.tokenizer import ChatMessage, Tokenizer
+
+if TYPE_CHECKING:  # the router reads and places images without torch; the engine side is engine/encoder/splice.py
+    import torch
 
 IMAGE_MARKER = "\ue000image\ue000"  # private-use characters: no text a user sends renders as this
 PLACEHOLDER_TOKEN = "<|endoftext|>"
+VISION_SUBDIR = "vision_encoder"  # a checkpoint's vision encoder (engine/encoder/vision.py), also sized by the planner
+
+
+@dataclass
+class ImageSpan:
+    offset: int  # first prompt position of the image
+    length: int  # num_patches
+    content_hash: str
 
 
 class EncodedImage(BaseModel):
@@ -30,15 +40,8 @@ class EncodedImage(BaseModel):
 
     @classmethod
     def of(cls, vectors: torch.Tensor, digest: str) -> "EncodedImage":
-        raw = vectors.detach().to(torch.float32).contiguous().cpu().numpy().tobytes()
+        raw = vectors.detach().float().contiguous().cpu().numpy().tobytes()
         return cls(hash=digest, shape=tuple(vectors.shape), data=base64.b64encode(raw).decode())
-
-    def tensor(self) -> torch.Tensor:
-        raw = base64.b64decode(self.data)
-        n, hidden = self.shape
-        if len(raw) != n * hidden * 4:
-            raise ValueError(f"image {self.hash[:12]}: {len(raw)} bytes of data for shape [{n}, {hidden}] float32")
-        return torch.frombuffer(bytearray(raw), dtype=torch.float32).view(n, hidden)
 
 
 class PromptImage(BaseModel):
@@ -73,25 +76,6 @@ def chat_prompt(tokenizer: Tokenizer, messages: list[ChatMessage], images: list[
     return ids, placed
 
 
-def spliced_prompt(prompt: list[int], images: list[PromptImage], embed: nn.Embedding) -> SplicedPrompt:
-    """The prompt's embeddings with the image rows in place; ValueError when they do not fit `prompt`."""
-    segments: list = []
-    at = 0
-    for placed in sorted(images, key=lambda p: p.offset):
-        vectors = placed.image.tensor()
-        end = placed.offset + vectors.shape[0]
-        if placed.offset < at or end > len(prompt):
-            raise ValueError(f"image at prompt position {placed.offset} (+{vectors.shape[0]}) overlaps another "
-                             f"or runs past the prompt ({len(prompt)} tokens)")
-        segments.append(prompt[at : placed.offset])
-        segments.append((vectors, placed.image.hash))
-        at = end
-    segments.append(prompt[at:])
-    out = splice(segments, embed, 0)
-    out.token_ids = list(prompt)  # the caller's placeholder ids stay: they name the blocks
-    return out
-
-
 def block_extras(images: list[ImageSpan], block_size: int) -> dict[int, bytes]:
     """Block index -> bytes to fold into that block's hash: the hash and patch offset of each image in it."""
     extras: dict[int, bytes] = {}
@@ -101,16 +85,3 @@ def block_extras(images: list[ImageSpan], block_size: int) -> dict[int, bytes]:
             start = max(block * block_size, span.offset) - span.offset
             extras[block] = extras.get(block, b"") + bytes.fromhex(span.content_hash) + start.to_bytes(4, "little")
     return extras
-
-
-def step_embeds(spliced: SplicedPrompt, embed: nn.Embedding, start: int, tokens: list[int]) -> torch.Tensor | None:
-    """Embedding rows for tokens at positions [start, start + len(tokens)), or None when no image is in there."""
-    end = start + len(tokens)
-    if not any(s.offset < end and start < s.offset + s.length for s in spliced.images):
-        return None
-    rows = spliced.embeds[start:end]
-    if rows.shape[0] < len(tokens):  # a recompute chunk running past the prompt into generated tokens
-        tail = torch.tensor(tokens[rows.shape[0]:], dtype=torch.int64, device=embed.weight.device)
-        with torch.no_grad():
-            rows = torch.cat([rows, embed(tail).to(rows.dtype)])
-    return rows

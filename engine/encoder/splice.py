@@ -9,15 +9,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import base64
+
 import torch
 from torch import nn
 
-
-@dataclass
-class ImageSpan:
-    offset: int  # first prompt position of the image
-    length: int  # num_patches
-    content_hash: str
+from engine.encoder.prompt import EncodedImage, ImageSpan, PromptImage
 
 
 @dataclass
@@ -51,3 +48,44 @@ def splice(segments: list[list[int] | tuple[torch.Tensor, str]], embed: nn.Embed
     for span, vectors in images:
         table[span.offset : span.offset + span.length] = vectors.to(table.dtype)
     return SplicedPrompt(ids, table, [span for span, _ in images])
+
+
+def image_tensor(image: EncodedImage) -> torch.Tensor:
+    """The embeddings an EncodedImage carries, as a float32 [num_patches, hidden] tensor."""
+    raw = base64.b64decode(image.data)
+    n, hidden = image.shape
+    if len(raw) != n * hidden * 4:
+        raise ValueError(f"image {image.hash[:12]}: {len(raw)} bytes of data for shape [{n}, {hidden}] float32")
+    return torch.frombuffer(bytearray(raw), dtype=torch.float32).view(n, hidden)
+
+
+def spliced_prompt(prompt: list[int], images: list[PromptImage], embed: nn.Embedding) -> SplicedPrompt:
+    """The prompt's embeddings with the image rows in place; ValueError when they do not fit `prompt`."""
+    segments: list = []
+    at = 0
+    for placed in sorted(images, key=lambda p: p.offset):
+        vectors = image_tensor(placed.image)
+        end = placed.offset + vectors.shape[0]
+        if placed.offset < at or end > len(prompt):
+            raise ValueError(f"image at prompt position {placed.offset} (+{vectors.shape[0]}) overlaps another "
+                             f"or runs past the prompt ({len(prompt)} tokens)")
+        segments.append(prompt[at : placed.offset])
+        segments.append((vectors, placed.image.hash))
+        at = end
+    segments.append(prompt[at:])
+    out = splice(segments, embed, 0)
+    out.token_ids = list(prompt)  # the caller's placeholder ids stay: they name the blocks
+    return out
+
+
+def step_embeds(spliced: SplicedPrompt, embed: nn.Embedding, start: int, tokens: list[int]) -> torch.Tensor | None:
+    """Embedding rows for tokens at positions [start, start + len(tokens)), or None when no image is in there."""
+    end = start + len(tokens)
+    if not any(s.offset < end and start < s.offset + s.length for s in spliced.images):
+        return None
+    rows = spliced.embeds[start:end]
+    if rows.shape[0] < len(tokens):  # a recompute chunk running past the prompt into generated tokens
+        tail = torch.tensor(tokens[rows.shape[0]:], dtype=torch.int64, device=embed.weight.device)
+        with torch.no_grad():
+            rows = torch.cat([rows, embed(tail).to(rows.dtype)])
+    return rows

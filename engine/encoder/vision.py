@@ -15,9 +15,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from engine.encoder.prompt import VISION_SUBDIR
 from engine.runtime.errors import CheckpointError
 
-SUBDIR = "vision_encoder"
 
 
 class VisionConfig(BaseModel):
@@ -97,7 +97,7 @@ def write_vision_encoder(model_dir: str | Path, hidden_size: int, seed: int = 0,
             state[name] = torch.ones_like(value) if name.endswith("weight") else torch.zeros_like(value)
         else:
             state[name] = torch.randn(value.shape, generator=gen) * 0.02
-    out = Path(model_dir) / SUBDIR
+    out = Path(model_dir) / VISION_SUBDIR
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(config.model_dump_json(indent=2))
     save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
@@ -106,9 +106,9 @@ def write_vision_encoder(model_dir: str | Path, hidden_size: int, seed: int = 0,
 
 def load_vision_encoder(model_dir: str | Path, device: str | torch.device = "cpu") -> VisionEncoder:
     """The encoder saved next to the LM checkpoint in `model_dir`; errors say what to run when it is absent."""
-    path = Path(model_dir) / SUBDIR
+    path = Path(model_dir) / VISION_SUBDIR
     if not (path / "config.json").is_file() or not (path / "model.safetensors").is_file():
-        raise CheckpointError(f"{model_dir} has no {SUBDIR}/ (config.json + model.safetensors): "
+        raise CheckpointError(f"{model_dir} has no {VISION_SUBDIR}/ (config.json + model.safetensors): "
                               "write one with engine.encoder.vision.write_vision_encoder")
     try:
         config = VisionConfig(**json.loads((path / "config.json").read_text()))

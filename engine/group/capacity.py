@@ -16,11 +16,11 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 from safetensors import SafetensorError, safe_open
 
-from engine.core.llm_engine import DEFAULT_KV_FRACTION
-from engine.encoder.vision import SUBDIR as VISION_SUBDIR
+from engine.core.engine_config import DEFAULT_KV_FRACTION
+from engine.encoder.prompt import VISION_SUBDIR
 from engine.runtime.errors import CheckpointError
 from engine.group.spec import InferenceGroup, Member, RoleSpec
-from engine.model.loader import read_config
+from engine.model.config import read_config
 
 # Anonymous memory (RssAnon) of one `tideflow serve` process beyond its weights and KV cache: the interpreter,
 # torch, the HTTP server, the tokenizer and what warm-up leaves allocated. Measured by starting one colocated
@@ -76,7 +76,7 @@ def member_need(group: InferenceGroup, spec: RoleSpec, model_dir: str, mem_avail
 
     A member with GPUs keeps its weights and KV cache on them: the host holds its processes only. A
     kv_cache_fraction is of the MemAvailable the member finds once its weights are loaded
-    (engine.core.kv_cache.available_memory): at most `mem_available` (now) less its own weights and processes;
+    (engine.core.host_memory.available_bytes): at most `mem_available` (now) less its own weights and processes;
     members loading beside it leave it less.
     """
     e = spec.engine

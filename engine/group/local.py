@@ -14,7 +14,7 @@ from pydantic import BaseModel, Field
 
 from engine.group.argv import serve_argv
 from engine.group.backend import Backend, BackendError, GroupHandle, MemberIdentity, MemberStatus, Phase
-from engine.core.kv_cache import available_memory
+from engine.core import host_memory
 from engine.group.capacity import CapacityCheck, MemoryShortage, check_fits, held_bytes, member_need
 from engine.group.gpus import VISIBLE_ENV, GpuPool, GpuShortage
 from engine.group.spec import InferenceGroup, Member, Role
@@ -115,7 +115,7 @@ class LocalProcessBackend(Backend):
         MemoryShortage when they do not fit beside the members running (caller holds the lock)."""
         if not self.capacity.enabled or not instances:
             return
-        mem_available = available_memory("cpu")  # what a member sizes a kv_cache_fraction by
+        mem_available = host_memory.available_bytes()  # what a member sizes a kv_cache_fraction by
         available = self.capacity.mem_available_bytes or mem_available
         model = self.model_path(run.group)
         needs = {role: member_need(run.group, run.group.role(role), model, mem_available) for role, _ in instances}

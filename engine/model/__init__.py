@@ -1,7 +1,2 @@
-"""The MoE decoder (plain PyTorch) and its checkpoint loader."""
-
-from engine.model.decoder import MoEForCausalLM
-from engine.model.loader import load_model
-from engine.model.paged import AttentionMetadata, allocate_kv_cache
-
-__all__ = ["MoEForCausalLM", "load_model", "AttentionMetadata", "allocate_kv_cache"]
+"""The MoE decoder (plain PyTorch: decoder.py), its checkpoint loader (loader.py) and the tokenizer. Import the
+module you need: the package itself loads nothing, so a router can read the tokenizer without torch."""

@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
 
-import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from engine.runtime.errors import CheckpointError
 
+if TYPE_CHECKING:  # torch loads only where a model is built: a router reads configs without it
+    import torch
+
 Architecture = Literal["MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM"]
 SUPPORTED_ARCHITECTURES: tuple[str, ...] = Architecture.__args__  # type: ignore[attr-defined]
 MAX_CONTEXT = 32768
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 class ModelConfig(BaseModel):
@@ -59,7 +62,9 @@ class ModelConfig(BaseModel):
 
     @property
     def torch_dtype(self) -> torch.dtype:
-        return DTYPES[self.dtype]
+        import torch
+
+        return getattr(torch, self.dtype)
 
     @property
     def eos_ids(self) -> tuple[int, ...]:
@@ -185,3 +190,14 @@ def _hf_fields(arch: str, hf: dict[str, Any], dtype: str | None) -> dict[str, An
 def _hf_dtype(hf: dict[str, Any]) -> str:
     raw = hf.get("dtype") or hf.get("torch_dtype") or "float32"
     return "bfloat16" if raw == "bfloat16" else "float32"
+
+
+def read_config(model_dir: str | Path, dtype: str | None = None) -> ModelConfig:
+    path = Path(model_dir) / "config.json"
+    if not path.is_file():
+        raise CheckpointError(f"{model_dir} has no config.json: point --model at a Hugging Face checkpoint directory")
+    try:
+        hf = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise CheckpointError(f"{path} is not valid JSON: {exc}") from None
+    return ModelConfig.from_hf(hf, dtype)

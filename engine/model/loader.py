@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 from typing import Sequence
@@ -10,7 +9,7 @@ from typing import Sequence
 import torch
 from safetensors import SafetensorError, safe_open
 
-from engine.model.config import ModelConfig
+from engine.model.config import ModelConfig, read_config
 from engine.runtime.errors import CheckpointError
 from engine.model.decoder import MoEForCausalLM
 from engine.model.moe import Experts, SparseMoE
@@ -20,17 +19,6 @@ from engine.model.weight_arena import move_weights
 log = logging.getLogger(__name__)
 
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
-
-
-def read_config(model_dir: str | Path, dtype: str | None = None) -> ModelConfig:
-    path = Path(model_dir) / "config.json"
-    if not path.is_file():
-        raise CheckpointError(f"{model_dir} has no config.json: point --model at a Hugging Face checkpoint directory")
-    try:
-        hf = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise CheckpointError(f"{path} is not valid JSON: {exc}") from None
-    return ModelConfig.from_hf(hf, dtype)
 
 
 def load_model(

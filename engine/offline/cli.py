@@ -47,11 +47,11 @@ def _init(args: argparse.Namespace) -> int:
 
 def _generate(args: argparse.Namespace) -> int:
     from engine.offline.generate import GenerationStats, generate
-    from engine.model import load_model
-    from engine.model.loader import read_config
+    from engine.model.loader import load_model
+    from engine.model.config import read_config
     from engine.runtime.device import resolve_device
     from tideflow_kernels.startup import arch_for, startup_ops
-    from engine.core.sampling import SamplingParams
+    from engine.core.sampling_params import SamplingParams
     from engine.model.tokenizer import Tokenizer
 
     model_dir = args.model or default_model_dir()

@@ -7,7 +7,8 @@ from dataclasses import dataclass, field
 
 from engine.model.decoder import MoEForCausalLM
 from engine.core.model_runner import ModelRunner, SeqStep
-from engine.core.sampling import SamplingParams, resolve_seed, sample
+from engine.core.sampling import sample
+from engine.core.sampling_params import SamplingParams, resolve_seed
 from engine.core.stop import find_stop, finish_reason
 from engine.model.tokenizer import Tokenizer
 

@@ -25,7 +25,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from engine.parallel.eplb import Placement, rebalance_experts
 from engine.parallel.expert_lb import ExpertLB, ExpertLBConfig
 from engine.core.kv_cache import available_memory, num_blocks_for_budget
-from engine.model.loader import load_model, read_config
+from engine.model.config import read_config
+from engine.model.loader import load_model
 from engine.core.model_runner import ModelRunner, SeqStep
 from engine.parallel.dispatch import Exchange, ExchangeKind, ExpertDispatch, as_bytes, from_bytes
 from engine.parallel.dist import DistConfig

@@ -22,7 +22,8 @@ import torch
 from engine.runtime.errors import EXIT_PEER_LOST, exit_member
 from engine.parallel.expert_lb import ExpertLBConfig
 from engine.core.engine_config import EngineConfig
-from engine.core.llm_engine import DEFAULT_KV_FRACTION, LLMEngine
+from engine.core.engine_config import DEFAULT_KV_FRACTION
+from engine.core.llm_engine import LLMEngine
 from engine.core.model_runner import SeqStep
 from engine.parallel import dist as pdist
 from engine.parallel.dep import DEPConfig, DEPRank

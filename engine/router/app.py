@@ -37,6 +37,7 @@ from engine.api.limits import BodyLimit
 from engine.api.errors import APIError, clip, error_response, install_error_handlers, invalid
 from engine.api.requests import check_chat_size, check_priority
 from engine.api.protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
+from engine.telemetry.tracing import FASTAPI_OWN_TELEMETRY_OFF, TraceRequests
 
 UPSTREAM_KEY_ENV = "TIDEFLOW_UPSTREAM_API_KEY"
 ADMIN_KEYS_ENV = "TIDEFLOW_ADMIN_KEYS"
@@ -102,8 +103,10 @@ def create_router_app(config: RouterConfig, api_keys: list[str | ApiKey] | KeySo
                     await sync.stop()
                 cpu.close()
 
-    app = FastAPI(title="tideflow router", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(title="tideflow router", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None,
+                  telemetry=FASTAPI_OWN_TELEMETRY_OFF)
     app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes, read_timeout_s=config.connections.body_timeout_s)
+    app.add_middleware(TraceRequests)  # outermost: its span covers the whole answer
     publish_openapi(app, admin_auth)
     install_error_handlers(app)
 

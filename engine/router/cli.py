@@ -64,6 +64,7 @@ def _run(args: argparse.Namespace) -> int:
     from engine.router.kv_index import KVRoutingConfig
     from engine.router.sync import ROUTES_KEY_ENV
     from engine.api.auth import key_source, secret_from_env
+    from engine.telemetry import tracing
 
     own = None  # this replica's own listener, beside the (shared) port
     replica_url = args.replica_url
@@ -92,6 +93,7 @@ def _run(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as exc:
         print(f"tideflow router: keys: {exc}", file=sys.stderr)
         return 2
+    tracing.setup("router")
     app = create_router_app(config, client_keys, keys_from_env(ADMIN_KEYS_ENV), upstream_key, routes_key)
     # Everything built so far lives as long as the process: frozen out of the collector's sight, a full
     # collection set off by a large body's objects scans those, not the 200,000 of the router's own modules

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from engine.encoder.prompt import EncodedImage, PromptImage, block_extras, chat_prompt, image_urls
-from engine.encoder.splice import ImageSpan
+from engine.encoder.prompt import EncodedImage, ImageSpan, PromptImage, block_extras, chat_prompt, image_urls
 from engine.api.errors import APIError
 from engine.api.protocol import ChatCompletionRequest
 from engine.api.requests import parse_body

@@ -13,6 +13,8 @@ from __future__ import annotations
 import json
 import time
 
+from opentelemetry.trace import SpanContext
+
 from engine.core.resume import TRACE_FIELD, Resume
 from engine.api.protocol import (
     ChatChoice, ChatCompletionChunk, ChatCompletionResponse, ChatLogprobs, ChatMessageOut, CompletionChoice,
@@ -58,6 +60,7 @@ class StreamRecord:
         self.usage_sent = False
         self.done = False  # the upstream said [DONE]
         self.started = False  # some upstream's first event was taken: a new upstream resumes
+        self.broken: SpanContext | None = None  # the trace span of the stream that broke last (a resume links it)
 
     # ---- what comes in ----------------------------------------------------------------------------
     def take(self, line: str) -> str | None:
@@ -149,6 +152,10 @@ class StreamRecord:
         return bool(tokens)
 
     # ---- what goes on ------------------------------------------------------------------------------
+    def resumes(self) -> tuple[SpanContext, ...]:
+        """The span a resumed stream links to: the stream that broke (none before a break)."""
+        return () if self.broken is None else (self.broken,)
+
     def resume(self) -> Resume:
         return Resume(output_token_ids=self.token_ids, sent_chars=self.sent_chars, seed=self.seed)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from engine.model.loader import read_config
+from engine.model.config import read_config
 from engine.api.errors import APIError
 from engine.api.protocol import ChatCompletionRequest
 from engine.api.requests import check_prompt_chars, check_token_ids, parse_body, prompt_ids

@@ -22,10 +22,11 @@ from dataclasses import dataclass, field
 from typing import AsyncIterator
 
 import httpx
+from opentelemetry import trace
 from fastapi.responses import Response, StreamingResponse
 
 from engine.runtime.http import sse_lines
-from engine.core.kv_cache import block_hash
+from engine.core.block_hash import block_hash
 from engine.core.resume import TRACE_HEADER
 from engine.router.balancer import DecodeBalancer, LeastQueuedBalancer
 from engine.router.kv_index import KVIndex, KVRouter
@@ -39,6 +40,7 @@ from engine.api.heartbeat import HEARTBEAT_HEADER
 from engine.router.registry import EndpointState, GroupState, Registry
 from engine.api.auth import CLIENT_HEADER
 from engine.api.errors import APIError, error_response
+from engine.telemetry import tracing
 
 
 ROUTE_POLL_S = 0.02  # how often a request waiting for a routable group looks again
@@ -78,6 +80,7 @@ class Opened:
     endpoints: list[EndpointState] = field(default_factory=list)
     stall_s: float | None = None  # the member beats (HEARTBEAT_HEADER): silence this long means it stopped
     answered_at: float = field(default_factory=time.monotonic)  # when the upstream's response head came
+    span: trace.Span = trace.INVALID_SPAN  # this call's CLIENT span (engine/telemetry/tracing.py), ended by _close
 
 
 class OpenRequests:
@@ -209,7 +212,7 @@ class Proxy:
                                         record.client)
             content = {"api": api, "request": upstream, "prompt_token_ids": record.prompt_ids, "resume": resume}
             return await self._post(target, "/internal/resume", json.dumps(content).encode(), True, deadline,
-                                    record.client)
+                                    record.client, links=record.resumes())
         if record.prompt_ids is None:
             record.prompt_ids, record.images, record.extras = await self._prompt(group, api, upstream, record.image_urls,
                                                                                  deadline)
@@ -219,10 +222,11 @@ class Proxy:
         target = self.decode_lb.choose(group.by_role("decode") or _fail("no healthy decode member"))
         skip = self.kv_router.held_by(target, record.block_hashes)  # decode is sent only the blocks it lacks
         prefill = await self._prefill(group, prompt, upstream, record.block_hashes, deadline, images, resume,
-                                      record.client, skip)
+                                      record.client, skip, record.resumes())
         decode_body = await self.cpu.run(_json, {"api": api, "request": upstream, "prompt_token_ids": prompt,
                                                  "images": images, "resume": resume, **prefill})
-        return await self._post(target, "/internal/decode", decode_body, True, deadline, record.client)
+        return await self._post(target, "/internal/decode", decode_body, True, deadline, record.client,
+                                links=record.resumes())
 
     async def _colocated_hashes(self, api: str, body: dict, record: StreamRecord) -> list[int]:
         """The block hashes of a colocated request's prompt, to place it by the KV members hold; none when the mode
@@ -268,7 +272,8 @@ class Proxy:
         raise UpstreamFailed(last)
 
     async def _prefill(self, group: GroupState, prompt: list[int], body: dict, hashes: list[int], deadline: float,
-                       images: list[dict], resume: dict | None, client: str, skip_blocks: int = 0) -> dict:
+                       images: list[dict], resume: dict | None, client: str, skip_blocks: int = 0,
+                       links: tuple[trace.SpanContext, ...] = ()) -> dict:
         """Bounded retries across the group's prefill instances; returns the handover for decode. `skip_blocks`:
         the prompt's leading blocks the chosen decode member holds, left out of the transfer."""
         last = "no healthy prefill member"
@@ -285,7 +290,8 @@ class Proxy:
                 if content is None:
                     content = await self.cpu.run(_json, {"prompt_token_ids": prompt, "request": body, "images": images,
                                                          "resume": resume, "skip_blocks": skip_blocks})
-                opened = await self._post(target, "/internal/prefill", content, False, deadline, client, watched=True)
+                opened = await self._post(target, "/internal/prefill", content, False, deadline, client, watched=True,
+                                          links=links)
                 handoff = json.loads(opened.body)
                 if not isinstance(handoff, dict):
                     raise ValueError("not an object")
@@ -304,18 +310,20 @@ class Proxy:
         raise UpstreamFailed(last)
 
     async def _post(self, target: EndpointState, path: str, content: bytes, stream: bool, deadline: float,
-                    client: str = "", watched: bool = False) -> Opened:
+                    client: str = "", watched: bool = False, links: tuple[trace.SpanContext, ...] = ()) -> Opened:
         """`watched` (a whole answer the member paces with heartbeats: prefill): its body may go silent no longer
-        than the stall timeout, as a stream may not."""
+        than the stall timeout, as a stream may not. `links`: the span of the stream this call resumes (a migration)."""
         url = target.endpoint.url + path
         remaining = max(0.1, deadline - time.monotonic())
         timeout = httpx.Timeout(min(self.config.first_token_timeout_s, remaining), connect=self.config.connect_timeout_s)
+        span = tracing.client_span(f"{target.endpoint.role} {path}", {
+            "server.address": target.endpoint.url, "tideflow.instance": target.endpoint.instance}, links)
         # In-flight accounting: incremented here once, decremented once: in `finally` below, unless an open
         # stream is handed to _relay, which decrements when the stream ends.
         target.inflight += 1
         handed_over = False
         try:
-            headers = {**self.headers, "content-type": "application/json", TRACE_HEADER: "1"}
+            headers = tracing.inject({**self.headers, "content-type": "application/json", TRACE_HEADER: "1"}, span)
             if client:
                 headers[CLIENT_HEADER] = client
             request = self.client.build_request("POST", url, content=content, timeout=timeout, headers=headers)
@@ -347,7 +355,8 @@ class Proxy:
                     return Opened(response, body=b"".join(parts), endpoints=[target], answered_at=answered_at)
                 head = await self._read_head(response, deadline, stall_s)
                 handed_over = True
-                return Opened(response, head=head, endpoints=[target], stall_s=stall_s, answered_at=answered_at)
+                return Opened(response, head=head, endpoints=[target], stall_s=stall_s, answered_at=answered_at,
+                              span=span)
             except UpstreamBroke as exc:  # a paced answer went silent: the member stopped (unless the router was late)
                 if exc.reason == "stall":
                     HealthMonitor.eject(target, str(exc))
@@ -357,9 +366,13 @@ class Proxy:
             finally:
                 if not handed_over:
                     await response.aclose()
+        except BaseException as exc:
+            span.set_status(trace.Status(trace.StatusCode.ERROR, str(exc)[:200] or type(exc).__name__))
+            raise
         finally:
             if not handed_over:
                 target.inflight -= 1
+                span.end()
 
     async def _read_head(self, response: httpx.Response, deadline: float, stall_s: float | None) -> list[str]:
         """Lines up to and including the first data event, so a failure here is still retryable; a member that
@@ -415,6 +428,8 @@ class Proxy:
                     if reason == "stall":  # new requests must not find it while the health checks still pass
                         for endpoint in current.endpoints:
                             HealthMonitor.eject(endpoint, why)
+                    current.span.set_status(trace.Status(trace.StatusCode.ERROR, why[:200]))
+                    record.broken = current.span.get_span_context()  # the resumed stream links to it
                     await self._close(current)
                     current = None
                     if record.finish_reason is not None:  # every token is in; only the stream's tail was lost
@@ -423,6 +438,7 @@ class Proxy:
                     if migrations >= self.config.migration_limit or not record.resumable:
                         raise StreamLost("error", why)
                     migrations += 1
+                    trace.get_current_span().set_attribute("tideflow.migrations", migrations)
                     self.metrics.migrations(group, reason).inc()
                     group.inflight -= 1
                     holding = False
@@ -465,6 +481,7 @@ class Proxy:
 
     @staticmethod
     async def _close(opened: Opened) -> None:
+        opened.span.end()
         await opened.response.aclose()
         for e in opened.endpoints:
             e.inflight -= 1

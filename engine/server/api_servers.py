@@ -30,6 +30,7 @@ from engine.api.fault_config import FaultConfig
 from engine.server.faults import FaultInjector
 from engine.api.limits import DEFAULT_MAX_BODY_BYTES, MEMBER_KEEP_ALIVE_S
 from engine.model.tokenizer import Tokenizer
+from engine.telemetry import tracing
 
 log = logging.getLogger(__name__)
 
@@ -109,6 +110,7 @@ def main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s api-server %(name)s: %(message)s")
     spec = ApiServerSpec.model_validate_json(argv[0])
     die_with_parent(spec.starter_pid)
+    tracing.setup("colocated")  # an engine core apart serves the colocated role alone (engine/server/cli.py)
     client = CoreClient(spec.input_address, Tokenizer(spec.model_dir), Path(spec.socket_dir), connect_timeout_s=60)
     client.on_failure = lambda why: exit_member(EXIT_ENGINE_FAILED, why)
     serve_api(spec, client, warm_up=False)

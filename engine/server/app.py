@@ -17,7 +17,7 @@ from engine.api.heartbeat import HEARTBEAT_HEADERS, SSE_HEARTBEAT, paced
 from engine.server.faults import FaultInjector
 from engine.core.llm_engine import LLMEngine
 from engine.core.outputs import RequestOutput, RequestStream
-from engine.core.sampling import Logprob
+from engine.core.sampling_params import Logprob
 from engine.server.standby import InstanceState, ServingSwitch
 from engine.server.admin_routes import admin_routes
 from engine.api.auth import ApiKey, BearerAuth, KeySource, publish_openapi
@@ -28,6 +28,7 @@ from engine.core.resume import TRACE_FIELD, TRACE_HEADER, ResumeRequest
 from engine.server.pd_routes import pd_routes
 from engine.api.requests import check_model, check_priority, check_token_ids, params_for, parse_body, prepare
 from engine.transfer import TransportKind
+from engine.telemetry.tracing import FASTAPI_OWN_TELEMETRY_OFF, TraceRequests, set_request_id
 from engine.api.protocol import (
     ChatChoice, ChatCompletionChunk, ChatLogprobs, ChatCompletionRequest, ChatCompletionResponse, ChatDelta, ChatMessageOut,
     ChatStreamChoice, CompletionChoice, CompletionRequest, CompletionResponse, ErrorDetail, ErrorResponse, ModelCard, ModelList,
@@ -70,8 +71,10 @@ def create_app(engine: LLMEngine, model_name: str, api_keys: list[str | ApiKey] 
             engine.stop()
             cpu.close()
 
-    app = FastAPI(title="tideflow engine", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(title="tideflow engine", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None,
+                  telemetry=FASTAPI_OWN_TELEMETRY_OFF)
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes, read_timeout_s=body_timeout_s)
+    app.add_middleware(TraceRequests)  # outermost: its span covers the whole answer
     publish_openapi(app, auth)
     install_error_handlers(app, on_error=engine.count_http_error)
 
@@ -127,6 +130,7 @@ def create_app(engine: LLMEngine, model_name: str, api_keys: list[str | ApiKey] 
         """`resumed`: the tokens another worker streamed before this one took the request over: text offsets
         count from the end of their text, so the client's offsets run on across the handover."""
         rid = new_id("cmpl")
+        set_request_id(rid)
         start = logprob_text.chars(resumed) if resumed and body.logprobs is not None else 0
         if body.stream:
             offset = start  # characters of the tokens reported so far
@@ -154,6 +158,7 @@ def create_app(engine: LLMEngine, model_name: str, api_keys: list[str | ApiKey] 
     async def respond_chat(body: ChatCompletionRequest, request: Request, stream: RequestStream, prompt: list[int],
                            resumed: list[int] | None = None):
         rid = new_id("chatcmpl")
+        set_request_id(rid)
         if body.stream:
             def make(delta: ChatDelta, reason: str | None, logprobs: ChatLogprobs | None = None) -> str:
                 return ChatCompletionChunk(id=rid, model=model_name, choices=[

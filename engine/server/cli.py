@@ -145,12 +145,13 @@ def serve(args: argparse.Namespace) -> int:
     from engine.core.llm_engine import LLMEngine
     from engine.server.app import create_app
     from engine.api.auth import key_source
+    from engine.telemetry import tracing
     from engine.telemetry.metrics import MetricFactory, ServingMetrics
     from engine.weights import WeightsError, local_model_dir, require_verified
     from engine.weights.manifest import MANIFEST_NAME
     from engine.runtime import intraop
     from engine.runtime.device import resolve_device
-    from engine.model.loader import read_config
+    from engine.model.config import read_config
     from engine.model.tokenizer import Tokenizer
     from tideflow_kernels.startup import arch_for, startup_ops
 
@@ -165,6 +166,7 @@ def serve(args: argparse.Namespace) -> int:
     except (TideflowError, OSError) as exc:
         print(f"tideflow serve: {exc}", file=sys.stderr)
         return 1
+    tracing.setup(args.role, args.metrics_group, args.metrics_version)
     if args.role == "encoder":
         from engine.server.encoder_app import serve_encoder
 
@@ -260,7 +262,7 @@ def serve_split(args: argparse.Namespace) -> int:
     except (ValidationError, WeightsError, TideflowError, OSError, ValueError) as exc:
         return refused_start(exc)
     sockets = socket_dir()
-    core_spec = CoreSpec(model_dir=args.model, engine=config, input_address=f"ipc://{sockets}/core",
+    core_spec = CoreSpec(model_dir=args.model, engine=config, input_address=f"ipc://{sockets}/core", socket_dir=str(sockets),
                          threads=args.threads, kernels=args.kernels, metrics_group=args.metrics_group,
                          metrics_version=args.metrics_version, role=args.role)
     api_spec = ApiServerSpec(model_dir=args.model, model_name=config.model_name, input_address=core_spec.input_address,
@@ -275,7 +277,7 @@ def serve_split(args: argparse.Namespace) -> int:
         except CoreGone as exc:
             print(f"tideflow serve: {exc}", file=sys.stderr)
             return EXIT_ENGINE_FAILED
-        client.on_failure = lambda why: exit_member(EXIT_ENGINE_FAILED, why)
+        client.on_failure = lambda why: (remove_socket_dir(sockets), exit_member(EXIT_ENGINE_FAILED, why))
         log.info("serving %s on http://%s:%d: engine core pid %d, %d API server(s), %d KV blocks",
                  config.model_name, args.host, args.port, core.pid, args.api_server_count, client.kv_blocks)
         if args.api_server_count > 1:

@@ -36,8 +36,9 @@ from engine.core.admission import EngineError, PromptTooLong, QueueFull, check_r
 from engine.core.output_text import RequestText
 from engine.core.outputs import RequestOutput, RequestStream
 from engine.core.resume import Resume
-from engine.core.sampling import SamplingParams
+from engine.core.sampling_params import SamplingParams
 from engine.runtime.process import Child
+from engine.telemetry.tracing import Timeline
 from engine.model.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -75,8 +76,9 @@ class _Open:
     def _made(self, out: m.Output, count: int, text: str, reason: str | None) -> RequestOutput:
         """The client's output of the core's first `count` tokens."""
         logprobs = None if out.logprobs is None else out.logprobs[:count]
+        timeline = None if out.timeline is None else Timeline(*out.timeline)
         return RequestOutput(out.request_id, out.token_ids[:count], text, reason, out.prompt_tokens, len(self.tokens),
-                             out.cached_tokens, out.error, seed=out.seed, logprobs=logprobs)
+                             out.cached_tokens, out.error, seed=out.seed, logprobs=logprobs, timeline=timeline)
 
 
 class CoreClient:

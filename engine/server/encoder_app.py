@@ -27,6 +27,7 @@ from engine.api.auth import ApiKey, BearerAuth, KeySource
 from engine.api.errors import APIError, error_response, install_error_handlers
 from engine.api.limits import BodyLimit
 from engine.telemetry.metrics import MetricFactory
+from engine.telemetry.tracing import FASTAPI_OWN_TELEMETRY_OFF, TraceRequests
 
 log = logging.getLogger(__name__)
 
@@ -90,8 +91,10 @@ class EncoderService:
 def create_encoder_app(service: EncoderService, factory: MetricFactory, api_keys: list[str | ApiKey] | KeySource, *,
                        max_body_bytes: int, body_timeout_s: float) -> FastAPI:
     auth = BearerAuth(api_keys)
-    app = FastAPI(title="tideflow encoder", docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(title="tideflow encoder", docs_url=None, redoc_url=None, openapi_url=None,
+                  telemetry=FASTAPI_OWN_TELEMETRY_OFF)
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes, read_timeout_s=body_timeout_s)
+    app.add_middleware(TraceRequests)  # outermost: its span covers the whole answer
     install_error_handlers(app)
     routes = APIRouter(dependencies=[Depends(auth)])
 

@@ -1,13 +1,13 @@
 """The log-probabilities a request asked for, in OpenAI's two shapes: the chat API's entry per token (text, bytes,
 log-probability, alternatives) and the completions API's parallel lists (with each token's offset in the text).
 
-The engine reports ids and numbers (engine.core.sampling.Logprob); the text of each id is made here, where the
+The engine reports ids and numbers (engine.core.sampling_params.Logprob); the text of each id is made here, where the
 tokenizer is, by the process that answers the client.
 """
 
 from __future__ import annotations
 
-from engine.core.sampling import Logprob
+from engine.core.sampling_params import Logprob
 from engine.api.protocol import ChatLogprobs, CompletionLogprobs, TokenLogprob, TopLogprob
 from engine.model.tokenizer import Tokenizer
 

@@ -15,18 +15,19 @@ from typing import AsyncIterator
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 
-from engine.encoder.prompt import spliced_prompt
-from engine.encoder.splice import SplicedPrompt
+from engine.encoder.splice import SplicedPrompt, spliced_prompt
 from engine.server.faults import FaultInjector
 from engine.core.llm_engine import LLMEngine
 from engine.core.outputs import RequestStream
-from engine.core.pd import DecodeRequest, Handoff, PrefillRequest, new_transfer_id
+from engine.core.pd import Handoff
+from engine.core.pd_messages import DecodeRequest, PrefillRequest, new_transfer_id
 from engine.api.errors import APIError
 from engine.api.heartbeat import HEARTBEAT_HEADERS, JSON_HEARTBEAT, paced
 from engine.api.protocol import ErrorDetail, ErrorResponse
 from engine.api.auth import BearerAuth
 from engine.api.requests import check_model, check_priority, check_token_ids, params_for, parse_body
 from engine.transfer import KVTransferError, TransportKind, make_receiver, make_sender
+from engine.telemetry import tracing
 
 KV_FETCH_TIMEOUT_S = 30.0
 
@@ -75,11 +76,13 @@ def pd_routes(engine: LLMEngine, model_name: str, transport: TransportKind, resp
         params = params_for(parsed, len(body.prompt_token_ids), engine)
         images = spliced(body)
         started = time.monotonic()
-        try:
-            kv = await asyncio.to_thread(receiver.fetch, body.descriptor, fetch_timeout_s)
-        except KVTransferError as exc:
-            engine.metrics.kv_transfer_failures.inc()
-            raise APIError(502, str(exc), code="kv_transfer_failed") from None
+        pull = {"kv.transport": body.descriptor.transport, "kv.bytes": body.descriptor.nbytes}
+        with tracing.tracer().start_as_current_span("kv.pull", attributes=pull):
+            try:
+                kv = await asyncio.to_thread(receiver.fetch, body.descriptor, fetch_timeout_s)
+            except KVTransferError as exc:
+                engine.metrics.kv_transfer_failures.inc()
+                raise APIError(502, str(exc), code="kv_transfer_failed") from None
         engine.metrics.kv_transfer_seconds.observe(time.monotonic() - started)
         engine.metrics.kv_transfer_bytes.inc(kv.nbytes)
 

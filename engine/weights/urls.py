@@ -9,7 +9,6 @@ from engine.runtime.paths import home
 from engine.weights.config import FsStoreConfig, S3StoreConfig
 from engine.weights.errors import StoreError
 from engine.weights.fs_store import FsStore
-from engine.weights.s3_store import S3Store
 from engine.weights.store import ObjectStore
 
 
@@ -51,5 +50,7 @@ def open_store(
     config = store_config(url, part_size=part_size, max_concurrency=max_concurrency, region=region,
                           timeout_s=timeout_s, max_attempts=max_attempts)
     if isinstance(config, S3StoreConfig):
+        from engine.weights.s3_store import S3Store  # boto3 loads only for s3:// (a command that opens none starts faster)
+
         return S3Store(config)
     return FsStore(config)

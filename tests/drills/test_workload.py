@@ -100,3 +100,15 @@ def test_bad_trace_lines_name_the_line(tmp_path):
 def test_spec_rejects_inconsistent_modes(fields, message):
     with pytest.raises(ValidationError, match=message):
         LoadDrillSpec(url="http://x", model="m", **fields)
+
+
+def test_a_drill_in_a_flow_run_names_the_run_in_every_requests_baggage():
+    from drills.load import _client
+    from engine.telemetry.tracing import FLOW_RUN_BAGGAGE
+
+    run = "0c6f1e52-9a0b-4f37-8d2e-5b7b1b2d4e11"
+    spec = LoadDrillSpec(url="http://127.0.0.1:1", model="m", rate=1, duration_s=1, flow_run_id=run)
+    assert _client(spec).default_headers["baggage"] == f"{FLOW_RUN_BAGGAGE}={run}"
+    assert "baggage" not in _client(spec.model_copy(update={"flow_run_id": None})).default_headers
+    with pytest.raises(ValidationError):
+        LoadDrillSpec(url="http://127.0.0.1:1", model="m", rate=1, duration_s=1, flow_run_id="x,evil=1")

@@ -9,7 +9,7 @@ import pytest
 from engine.core.engine_config import EngineConfig
 from engine.core.admission import QueueFull
 from engine.core.llm_engine import LLMEngine
-from engine.core.sampling import SamplingParams
+from engine.core.sampling_params import SamplingParams
 from engine.model.loader import load_model
 from engine.api.auth import key_digest
 from engine.model.tokenizer import Tokenizer

@@ -14,8 +14,8 @@ from engine.core.decode_graphs import DecodeGraphs, bucket_for, decode_graphs_fo
 from engine.core.engine_config import EngineConfig
 from engine.core.llm_engine import LLMEngine
 from engine.core.model_runner import ModelRunner, SeqStep
-from engine.core.sampling import SamplingParams
-from engine.model import load_model
+from engine.core.sampling_params import SamplingParams
+from engine.model.loader import load_model
 from engine.model.tokenizer import Tokenizer
 
 BLOCK = 16

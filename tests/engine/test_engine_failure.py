@@ -7,8 +7,8 @@ import pytest
 
 from engine.core.admission import EngineError
 from engine.core.llm_engine import EngineConfig, LLMEngine
-from engine.model import load_model
-from engine.core.sampling import SamplingParams
+from engine.model.loader import load_model
+from engine.core.sampling_params import SamplingParams
 from engine.model.tokenizer import Tokenizer
 
 

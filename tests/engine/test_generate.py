@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from engine.offline.generate import generate
-from engine.model import load_model
-from engine.core.sampling import SamplingParams
+from engine.model.loader import load_model
+from engine.core.sampling_params import SamplingParams
 from engine.model.tokenizer import Tokenizer
 
 

@@ -16,7 +16,7 @@ PROBE = textwrap.dedent("""
     import torch
     from engine.runtime import intraop
     from engine.core.llm_engine import EngineConfig, LLMEngine
-    from engine.core.sampling import SamplingParams
+    from engine.core.sampling_params import SamplingParams
 
     given = intraop.serial_process()
     seen = {"given": given, "main": torch.get_num_threads()}

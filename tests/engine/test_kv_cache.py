@@ -6,9 +6,10 @@ import pytest
 import torch
 
 from engine.offline.default_model import TINY_CONFIG
-from engine.core.kv_cache import BlockAllocator, OutOfBlocks, block_hash, export_blocks, import_blocks, num_blocks_for_budget
+from engine.core.block_hash import block_hash
+from engine.core.kv_cache import BlockAllocator, OutOfBlocks, export_blocks, import_blocks, num_blocks_for_budget
 from engine.model.paged import allocate_kv_cache, kv_bytes_per_block
-from engine.core.sampling import SamplingParams
+from engine.core.sampling_params import SamplingParams
 from engine.core.sequence import Sequence
 
 

@@ -8,9 +8,9 @@ import random
 from engine.core.engine_config import EngineConfig
 from engine.core.kv_events import KVEventLog
 from engine.core.llm_engine import LLMEngine
-from engine.core.sampling import SamplingParams
+from engine.core.sampling_params import SamplingParams
 from engine.kvtier.config import KVTierConfig
-from engine.model.loader import read_config
+from engine.model.config import read_config
 from engine.model.paged import kv_bytes_per_block
 from engine.router.kv_index import KVIndex
 

@@ -10,10 +10,12 @@ import time
 import pytest
 
 from engine.core.engine_config import EngineConfig
-from engine.core.kv_cache import chain_hashes, kv_nbytes
+from engine.core.block_hash import chain_hashes
+from engine.core.kv_cache import kv_nbytes
 from engine.core.llm_engine import LLMEngine
-from engine.core.pd import Handoff, HandoffResult, new_transfer_id
-from engine.core.sampling import SamplingParams
+from engine.core.pd import Handoff
+from engine.core.pd_messages import HandoffResult, new_transfer_id
+from engine.core.sampling_params import SamplingParams
 from engine.router.kv_index import KVIndex
 from engine.transfer import ShmReceiver, ShmSender
 

@@ -12,7 +12,7 @@ from engine.core.llm_engine import EngineConfig, LLMEngine
 from engine.core.outputs import RequestOutput
 from engine.model.loader import load_model
 from engine.core.resume import Resume
-from engine.core.sampling import SamplingParams
+from engine.core.sampling_params import SamplingParams
 from engine.model.tokenizer import Tokenizer
 
 

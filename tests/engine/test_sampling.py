@@ -6,7 +6,8 @@ from __future__ import annotations
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from engine.core.sampling import SamplingParams, sample
+from engine.core.sampling import sample
+from engine.core.sampling_params import SamplingParams
 
 
 GREEDY = SamplingParams(max_tokens=4)

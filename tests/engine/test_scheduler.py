@@ -13,7 +13,7 @@ from engine.core.kv_cache import BlockAllocator
 from engine.core.llm_engine import EngineConfig, LLMEngine
 from engine.model.loader import load_model
 from engine.model.paged import kv_bytes_per_block
-from engine.core.sampling import SamplingParams
+from engine.core.sampling_params import SamplingParams
 from engine.core.scheduler import MAX_SHARES, Scheduler
 from engine.core.sequence import Sequence, SeqStatus
 from engine.core.step_cost import MIN_CHUNK, StepCost

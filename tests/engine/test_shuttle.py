@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from engine.core.sampling import SamplingParams
+from engine.core.sampling_params import SamplingParams
 from engine.core.sequence import Sequence
 from engine.core.shuttle import ShuttleWindow
 

@@ -15,6 +15,9 @@ import yaml
 from engine.canary import CanaryPlan
 from engine.canary.judge import JudgeConfig
 from engine.control import discovery
+from engine.runtime.paths import home
+from engine.telemetry import tracing
+from engine.telemetry.trace_cli import read_spans
 from flows.canary_release import ROLLED_BACK, CanaryParams, CanaryRolledBack, canary_release
 from flows.deploy_group import deploy_group
 from flows.params import DeployParams
@@ -91,12 +94,19 @@ def rolled_back(state):
 
 def test_an_erroring_canary_is_rolled_back_by_the_flow(controller, stable, specs):
     with traffic(controller) as outcomes:
-        report = rolled_back(canary_release(CanaryParams(
+        state = canary_release(CanaryParams(
             stable=stable, canary=DeployParams(spec_file=specs["erroring"], version="v2-errors"), plan=plan()),
-            return_state=True))
+            return_state=True)
+        report = rolled_back(state)
     assert report.decision == "rolled_back" and len(report.steps) == 1, report.reason
     (errors,) = [v for v in report.steps[0].verdicts if v.metric == "errors"]
     assert errors.verdict == "fail" and errors.estimate > 0.1, errors
+    tracing.flush()  # the step's span, with the judge's verdict and the run that held it
+    steps = [s for s in read_spans(home() / "traces") if s["name"] == "canary.step"
+             and s["attributes"]["canary.group"] == "erroring"]
+    assert [(s["attributes"]["canary.verdict"], s["attributes"]["canary.verdict.errors"]) for s in steps] == [
+        ("fail", "fail")], steps
+    assert steps[0]["attributes"][tracing.FLOW_RUN] == str(state.state_details.flow_run_id)
     assert controller.group("stable").weight == 100 and controller.group("erroring").weight == 0  # kept to inspect
     assert controller.status().canary.decision == "rolled_back"
     assert outcomes and set(outcomes) == {"ok"}, [o for o in outcomes if o != "ok"][:3]

@@ -11,7 +11,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from engine.core.engine_config import EngineConfig
 from engine.core.llm_engine import LLMEngine
-from engine.core.sampling import SamplingParams
+from engine.core.sampling_params import SamplingParams
 from tideflow_kernels import ops
 
 pytestmark = pytest.mark.fleet  # starts processes or servers (tests/conftest.py)

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from tideflow_kernels.ops import OP_NAMES
+from tideflow_kernels.spec import OP_NAMES
 from tideflow_kernels.startup import startup_ops
 
 pytestmark = pytest.mark.fleet  # starts processes or servers (tests/conftest.py)

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from engine.offline.default_model import write_default_model
-from engine.model import load_model
+from engine.model.loader import load_model
 from tests.engine.model.conftest import TILE_SHAPED_CONFIG, full_forward_logits
 from tests.kernels.conftest import cpu_has_amx, cpu_has_avx512
 from tideflow_kernels import cases, ops, reference

@@ -15,7 +15,7 @@ from engine.encoder.images import ImageError
 from engine.encoder.vision import load_vision_encoder, write_vision_encoder
 from engine.encoder.worker import EncoderWorker
 from engine.runtime.errors import CheckpointError
-from engine.model import load_model
+from engine.model.loader import load_model
 from engine.core.model_runner import ModelRunner, SeqStep
 from engine.model.tokenizer import Tokenizer
 

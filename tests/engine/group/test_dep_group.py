@@ -17,10 +17,10 @@ from engine.offline.generate import generate
 from engine.group.groupset import GroupSetConfig, LocalGroupSet
 from engine.group.manager import GroupState, SupervisionPolicy
 from engine.group.spec import InferenceGroup
-from engine.model import load_model
+from engine.model.loader import load_model
 from engine.parallel.serving import EXIT_PEER_LOST
 from engine.runtime.process import Child, free_port, tideflow_argv, wait_http_ok
-from engine.core.sampling import SamplingParams
+from engine.core.sampling_params import SamplingParams
 from engine.model.tokenizer import ChatMessage, Tokenizer
 
 pytestmark = pytest.mark.fleet  # starts processes or servers (tests/conftest.py)

@@ -12,15 +12,16 @@ import pytest
 from PIL import Image
 from pydantic import ValidationError
 
-from engine.encoder.prompt import EncodedImage, block_extras, chat_prompt, spliced_prompt
+from engine.encoder.prompt import EncodedImage, block_extras, chat_prompt
+from engine.encoder.splice import spliced_prompt
 from engine.encoder.vision import load_vision_encoder
 from engine.encoder.worker import EncoderWorker
 from engine.group.manager import GroupState
 from engine.group.spec import InferenceGroup
 from engine.core.kv_cache import BlockAllocator
 from engine.core.llm_engine import EngineConfig, LLMEngine
-from engine.model import load_model
-from engine.core.sampling import SamplingParams
+from engine.model.loader import load_model
+from engine.core.sampling_params import SamplingParams
 from engine.core.sequence import Sequence
 from engine.api.errors import APIError
 from engine.api.protocol import ChatCompletionRequest
@@ -133,7 +134,7 @@ def test_image_blocks_are_named_by_the_image_not_the_placeholders():
 
 
 def test_block_extras_name_each_block_an_image_touches():
-    from engine.encoder.splice import ImageSpan
+    from engine.encoder.prompt import ImageSpan
 
     extras = block_extras([ImageSpan(offset=3, length=6, content_hash="ab" * 32)], block_size=4)
     assert sorted(extras) == [0, 1, 2]

@@ -8,7 +8,9 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import subprocess
 import time
+from pathlib import Path
 
 import httpx
 import openai
@@ -16,6 +18,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from engine.group.manager import GroupState
+from engine.runtime.process import tideflow_argv
+from engine.telemetry.trace_cli import find_trace, read_spans
 from tests.engine.group.conftest import group_spec
 
 pytestmark = pytest.mark.fleet  # starts processes or servers (tests/conftest.py)
@@ -196,9 +200,62 @@ def test_a_member_stopped_mid_stream_is_left_within_seconds_and_its_group_rebuil
     print(f"\nSIGSTOP {name} holding {held} requests: {stalled:.0f} moved for a stall, answers exact, {took:.1f}s")
 
 
+def one_streamed_id(url: str, key: str) -> str:
+    """The id of one streamed completion through the router (what a client quotes to `tideflow trace`)."""
+    client = openai.OpenAI(base_url=url + "/v1", api_key=key, max_retries=0, timeout=60)
+    try:
+        chunks = list(client.completions.create(model="default", prompt="trace this request", max_tokens=8,
+                                                temperature=0, stream=True))
+    finally:
+        client.close()
+    return chunks[0].id
+
+
+def check_traces(home: Path, request_id: str) -> None:
+    """The request's one trace crosses the router, prefill and decode processes (spans parented across them), with
+    the engines' phases; a migrated stream's new call links the call that broke, to another member; and
+    `tideflow trace` prints the timeline."""
+    def crossing(spans: list[dict]) -> tuple[str | None, set, set]:
+        trace_id = find_trace(spans, request_id)
+        mine = [s for s in spans if s["trace_id"] == trace_id]
+        return trace_id, {s["service"] for s in mine}, {(s["service"], s["name"]) for s in mine}
+
+    def moved(spans: list[dict]) -> list[tuple[dict, dict]]:
+        by_id = {s["span_id"]: s for s in spans}
+        return [(s, by_id[link["span_id"]]) for s in spans for link in s["links"]
+                if link["span_id"] in by_id and link["trace_id"] == s["trace_id"]]
+
+    want = {("router", "POST /v1/completions"), ("router", "prefill /internal/prefill"),
+            ("router", "decode /internal/decode"), ("prefill", "POST /internal/prefill"),
+            ("prefill", "engine.prefill"), ("prefill", "engine.kv_export"), ("decode", "POST /internal/decode"),
+            ("decode", "kv.pull"), ("decode", "engine.kv_import"), ("decode", "engine.decode")}
+    deadline = time.monotonic() + 20  # spans reach the files about a second after they end
+    while True:
+        spans = read_spans(home / "traces")
+        trace_id, services, names = crossing(spans)
+        links = moved(spans)
+        if (want <= names and links) or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert trace_id is not None, f"no span names {request_id}"
+    assert {"router", "prefill", "decode"} <= services and want <= names, sorted(want - names)
+    mine = {s["span_id"]: s for s in spans if s["trace_id"] == trace_id}
+    crossed = [s for s in mine.values() if s["service"] in ("prefill", "decode") and s["kind"] == "server"]
+    assert all(mine.get(s["parent_id"], {}).get("service") == "router" for s in crossed), "a member span lost its parent"
+    assert links, "no migrated stream links the stream that broke"
+    for resumed, broken in links:
+        assert broken["status"] == "error" and broken["service"] == resumed["service"] == "router"
+        assert broken["attributes"]["server.address"] != resumed["attributes"]["server.address"], (broken, resumed)
+    shown = subprocess.run(tideflow_argv("trace", request_id), capture_output=True, text=True, timeout=60,
+                           env={**os.environ, "TIDEFLOW_HOME": str(home)})
+    assert shown.returncode == 0, shown.stderr
+    assert trace_id in shown.stdout and "engine.prefill" in shown.stdout and "kv.pull" in shown.stdout, shown.stdout
+
+
 @pytest.mark.parametrize("role,chunks", [("decode", 3), ("prefill", 0), ("prefill", 3)],
                          ids=["decode", "prefill-before-handoff", "prefill-after-handoff"])
-def test_sigkill_a_pd_member_mid_stream_loses_nothing(groupset, undisturbed, tiny_model_dir, role, chunks):
+def test_sigkill_a_pd_member_mid_stream_loses_nothing(groupset, undisturbed, tiny_model_dir, tideflow_home, role,
+                                                      chunks):
     """Decode killed: its streams resume through prefill + decode of another group (or its rebuild).
     Prefill killed as the requests arrive (chunks=0: the kill lands while prompts are being prefilled):
     they are retried on the other prefill instance, nothing having reached the client; killed later,
@@ -207,6 +264,10 @@ def test_sigkill_a_pd_member_mid_stream_loses_nothing(groupset, undisturbed, tin
     pd = groupset.up(group_spec(f"mig-pd-{role}-{chunks}", tiny_model_dir, prefill=2))
     try:
         ready(pd)
+        traced = None
+        if role == "decode":  # one request the PD group alone serves: its trace crosses router, prefill and decode
+            groupset.admin.set_weights({"mig-a": 0.0, "mig-b": 0.0, pd.spec.name: 1.0})
+            traced = one_streamed_id(groupset.url, groupset.client_key)
         groupset.admin.set_weights({"mig-a": 0.0, "mig-b": 1.0, pd.spec.name: 3.0})
         before = sum(migrations(groupset.url, groupset.client_key).values())
         hit: list = []
@@ -223,6 +284,7 @@ def test_sigkill_a_pd_member_mid_stream_loses_nothing(groupset, undisturbed, tin
         print(f"\nSIGKILL {role} of {pd.spec.name} holding {hit[0][1]} requests: {moved:.0f} migrated, exact answers")
         if role == "decode":
             assert hit[0][1] >= 1 and moved >= 1
+            check_traces(tideflow_home, traced)
     finally:
         pd.drain_and_stop(5)
         groupset.admin.set_weights({"mig-a": 1.0, "mig-b": 1.0})

@@ -15,11 +15,11 @@ import pytest
 from engine.offline.generate import generate
 from engine.group.backend import Phase
 from engine.group.manager import GroupState
-from engine.model import load_model
+from engine.model.loader import load_model
 from engine.core.engine_config import EngineConfig
 from engine.core.kv_cache import kv_nbytes
 from engine.core.llm_engine import LLMEngine
-from engine.core.sampling import SamplingParams
+from engine.core.sampling_params import SamplingParams
 from engine.model.tokenizer import ChatMessage, Tokenizer
 
 pytestmark = pytest.mark.fleet  # starts processes or servers (tests/conftest.py)

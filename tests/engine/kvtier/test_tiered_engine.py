@@ -11,10 +11,10 @@ import pytest
 
 from engine.core.engine_config import EngineConfig
 from engine.core.llm_engine import LLMEngine
-from engine.core.sampling import SamplingParams
+from engine.core.sampling_params import SamplingParams
 from engine.kvtier.config import KVTierConfig
 from engine.kvtier.tiered import KVTierError
-from engine.model.loader import read_config
+from engine.model.config import read_config
 from engine.model.paged import kv_bytes_per_block
 from harness.moto import start_moto
 

@@ -12,7 +12,7 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.profiler import ProfilerActivity, profile
 
-from engine.model import load_model
+from engine.model.loader import load_model
 from engine.model.paged import AttentionMetadata, allocate_kv_cache
 
 FUSED, MATH = "aten::_scaled_dot_product_flash_attention_for_cpu", "aten::_scaled_dot_product_attention_math"

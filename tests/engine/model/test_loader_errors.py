@@ -9,7 +9,7 @@ import pytest
 from safetensors.torch import load_file, save_file
 
 from engine.runtime.errors import CheckpointError
-from engine.model import load_model
+from engine.model.loader import load_model
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from engine.offline.default_model import write_default_model
-from engine.model import load_model
+from engine.model.loader import load_model
 from engine.model import packed_linear
 from engine.model.packed_linear import PackedLinear, pack_linears, packing_available
 from tests.engine.model.conftest import TILE_SHAPED_CONFIG, full_forward_logits

@@ -7,8 +7,8 @@ import torch
 import transformers
 
 from engine.offline.generate import generate
-from engine.model import load_model
-from engine.core.sampling import SamplingParams
+from engine.model.loader import load_model
+from engine.core.sampling_params import SamplingParams
 from tests.engine.model.conftest import full_forward_logits
 
 COMMON = dict(vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=2,

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from engine.offline.default_model import write_default_model
-from engine.model import load_model
+from engine.model.loader import load_model
 from engine.model.weight_arena import ALIGN, huge_page_bytes, mapping_fields, move_weights
 from tests.engine.model.conftest import TILE_SHAPED_CONFIG, full_forward_logits
 

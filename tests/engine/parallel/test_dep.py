@@ -9,7 +9,7 @@ from torch import nn
 from engine.offline.default_model import TINY_CONFIG, write_default_model
 from engine.parallel.eplb import Placement, rebalance_experts
 from engine.parallel.expert_lb import ExpertLBConfig
-from engine.model import load_model
+from engine.model.loader import load_model
 from engine.core.model_runner import ModelRunner, SeqStep
 from engine.parallel.dep import DEPConfig, DEPRank, initial_placement
 from engine.parallel.dist import DistConfig

@@ -9,7 +9,8 @@ import time
 import httpx
 import pytest
 
-from drills import LoadDrillSpec, run_load_drill
+from drills.load import run_load_drill
+from drills.spec import LoadDrillSpec
 from engine.group.manager import GroupState
 from engine.scaling.policy import Bounds
 from engine.scaling.pool import WarmPool

@@ -17,7 +17,7 @@ import pytest
 
 from engine.core.engine_config import EngineConfig
 from engine.core.llm_engine import LLMEngine
-from engine.core.sampling import SamplingParams
+from engine.core.sampling_params import SamplingParams
 from engine.runtime.errors import EXIT_ENGINE_FAILED
 from engine.model.loader import load_model
 from engine.runtime.process import Child, free_port, start_ticks, tideflow_argv, wait_http_ok
@@ -167,7 +167,7 @@ def test_logprobs_and_a_bias_cross_the_core_as_the_engine_made_them(member, refe
 API_SERVER_THAT_DIES = """
 import asyncio, sys
 from pathlib import Path
-from engine.core.sampling import SamplingParams
+from engine.core.sampling_params import SamplingParams
 from engine.server.core_client import CoreClient
 from engine.model.tokenizer import Tokenizer
 client = CoreClient(sys.argv[1], Tokenizer(sys.argv[2]), Path(sys.argv[3]), connect_timeout_s=30)
@@ -184,7 +184,7 @@ asyncio.run(main())
 def test_the_core_aborts_the_requests_of_an_api_server_that_died(member, tiny_model_dir, tmp_path):
     child, url = member
     core_pid = children_of(child.pid, "engine.core.core_process")[0]
-    spec = json.loads(Path(f"/proc/{core_pid}/cmdline").read_bytes().split(b"\0")[3])
+    spec = core_spec(core_pid)
     socket_dir = spec["input_address"].removeprefix("ipc://").rsplit("/", 1)[0]
     free_before = settle(url)["kv_blocks_free"]
     doomed = subprocess.Popen([sys.executable, "-c", API_SERVER_THAT_DIES, spec["input_address"], str(tiny_model_dir),
@@ -222,10 +222,17 @@ def test_a_killed_api_server_is_started_again(member):
     assert wait_http_ok(url + "/ready", 30, child, KEY)
 
 
+def core_spec(core_pid: int) -> dict:
+    """The CoreSpec a member handed its engine core on the command line."""
+    return json.loads(Path(f"/proc/{core_pid}/cmdline").read_bytes().split(b"\0")[3])
+
+
 def test_a_dead_core_ends_every_stream_and_the_member(tiny_model_dir, tmp_path):
     child, url = start_member(tiny_model_dir, tmp_path / "serve.log", "--api-server-count", "2")
     try:
         [core_pid] = children_of(child.pid, "engine.core.core_process")
+        sockets = Path(core_spec(core_pid)["socket_dir"])
+        assert sockets.is_dir()
         extras = children_of(child.pid, "engine.server.api_servers")
         body = {"model": tiny_model_dir.name, "prompt": "a long answer", "max_tokens": 3000, "ignore_eos": True,
                 "stream": True}
@@ -250,6 +257,25 @@ def test_a_dead_core_ends_every_stream_and_the_member(tiny_model_dir, tmp_path):
             time.sleep(0.1)
         assert all(start_ticks(pid) is None for pid in extras), "an API server outlived its core"
         assert "the engine core exited" in child.log_path.read_text()
+        assert not sockets.exists(), "the member left its socket folder behind"
+    finally:
+        child.stop()
+
+
+def test_a_killed_member_leaves_no_socket_folder(tiny_model_dir, tmp_path):
+    """SIGKILL runs no cleanup in the member: its core, told by the kernel, removes the folder on its way out."""
+    child, url = start_member(tiny_model_dir, tmp_path / "serve.log")
+    try:
+        [core_pid] = children_of(child.pid, "engine.core.core_process")
+        sockets = Path(core_spec(core_pid)["socket_dir"])
+        assert sockets.is_dir()
+        child.proc.kill()
+        child.proc.wait(timeout=10)
+        deadline = time.monotonic() + 20
+        while start_ticks(core_pid) is not None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert start_ticks(core_pid) is None, "the core outlived its member"
+        assert not sockets.exists(), "the socket folder outlived the member"
     finally:
         child.stop()
 

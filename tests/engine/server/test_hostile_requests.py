@@ -9,7 +9,8 @@ import openai
 import pytest
 import torch
 
-from engine.core.sampling import SamplingParams, resolve_seed, sample
+from engine.core.sampling import sample
+from engine.core.sampling_params import SamplingParams, resolve_seed
 from tests.engine.server.conftest import API_KEY, MODEL, wait_until
 
 pytestmark = pytest.mark.fleet  # starts processes or servers (tests/conftest.py)

@@ -10,7 +10,7 @@ import pytest
 import torch
 import transformers
 
-from engine.core.sampling import Logprob
+from engine.core.sampling_params import Logprob
 from engine.server.logprobs import LogprobText
 from engine.model.tokenizer import ChatMessage, Tokenizer
 from tests.engine.server.conftest import API_KEY, MODEL

@@ -13,7 +13,7 @@ from engine.offline.generate import generate
 from engine.core.llm_engine import EngineConfig
 from engine.model.loader import load_model
 from engine.model.paged import kv_bytes_per_block
-from engine.core.sampling import SamplingParams
+from engine.core.sampling_params import SamplingParams
 from engine.model.tokenizer import ChatMessage, Tokenizer
 from tests.engine.server.conftest import API_KEY, MODEL, serve
 

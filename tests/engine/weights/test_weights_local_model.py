@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from engine.offline.default_model import TINY_CONFIG, write_default_model
-from engine.model import load_model
+from engine.model.loader import load_model
 from engine.weights import cache_dir_for, local_model_dir, publish, require_verified
 
 
