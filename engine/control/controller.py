@@ -103,7 +103,7 @@ class Controller:
 
     # -- start: adopt what runs, start what is missing ------------------------------------------
     def start(self) -> "Controller":
-        self.runtime.ensure_router()
+        self.routes.forget_replicas(self.runtime.ensure_router())
         self.manager = GroupManager(self.backend, self.routes, self.config.policy,
                                     member_key=self._member_key, on_fall=self._replace)
         self._adopted = self.runtime.adopt(self.manager)
@@ -139,7 +139,7 @@ class Controller:
 
     def reconcile(self) -> None:
         with self._lock:
-            self.runtime.ensure_router()
+            self.routes.forget_replicas(self.runtime.ensure_router())
             desired = self.store.groups()
             decisions = self.store.decisions()
             managed = self.manager.groups

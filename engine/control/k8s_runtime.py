@@ -33,8 +33,9 @@ class KubernetesRuntime(Runtime):
         self.port, self.url = config.port, f"http://{config.host}:{config.port}"
         self.router_url = config.router_url
 
-    def ensure_router(self) -> None:
-        """Nothing to do: the router Deployment is Kubernetes' to keep running."""
+    def ensure_router(self) -> list[int]:
+        """Nothing to do: the router Deployment is Kubernetes' to keep running (its pods' reports expire by age)."""
+        return []
 
     def router_pids(self) -> list[int]:
         return []

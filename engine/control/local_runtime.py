@@ -48,8 +48,8 @@ class LocalRuntime(Runtime):
     def router_url(self) -> str:  # type: ignore[override]
         return self.routers.url
 
-    def ensure_router(self) -> None:
-        self.routers.ensure()
+    def ensure_router(self) -> list[int]:
+        return self.routers.ensure()
 
     def router_pids(self) -> list[int]:
         return self.routers.pids()

@@ -66,10 +66,10 @@ class RouterReplicas:
     def url(self) -> str:
         return f"http://{self.settings.host}:{self.port}" if self.port else ""
 
-    def ensure(self) -> None:
+    def ensure(self) -> list[int]:
         """At the first call: adopt the recorded replicas that still serve this controller, start the rest and
         wait until the port answers (any replica may answer; one that dies meanwhile fails the start). Later:
-        start again each replica that has died, not waiting for it."""
+        start again each replica that has died, not waiting for it. Returns the pids of the replicas found dead."""
         if not self.port:
             self._adopt()
             started = [self._start(slot) for slot in range(self.settings.replicas) if slot not in self._slots]
@@ -78,8 +78,8 @@ class RouterReplicas:
                     tail = child.log_tail()
                     self.stop()
                     raise RuntimeError(f"router replica {slot} did not come up within {START_TIMEOUT_S:.0f}s: {tail}")
-            return
-        now = time.monotonic()
+            return []
+        now, gone = time.monotonic(), []
         for slot in range(self.settings.replicas):
             state = self._slots.setdefault(slot, _Slot())
             if state.proc is not None and state.proc.alive():
@@ -92,10 +92,12 @@ class RouterReplicas:
                                            + (f"starting it again in {state.pause_s:g}s" if state.pause_s
                                               else "starting it again"))
                 state.proc.stop()  # reap it
+                gone.append(state.proc.pid)
                 state.proc = None
                 self.store.set_router(slot, None)
             if now >= state.retry_at:
                 self._start(slot)
+        return gone
 
     def _adopt(self) -> None:
         """Take over each recorded replica that is the same live process, shares its port, watches this

@@ -118,6 +118,15 @@ class RouteTable:
             self._reports[report.replica] = (time.monotonic(), report)
             self._cond.notify_all()
 
+    def forget_replicas(self, pids: list[int]) -> None:
+        """Drop the reports of router replicas seen dead (pids on this machine): their URLs leave what status, the
+        canary and the metric scrape read at once, not REPLICA_TTL_S later."""
+        if not pids:
+            return
+        marks = tuple(f"/{pid}/" for pid in pids)
+        with self._cond:
+            self._reports = {k: v for k, v in self._reports.items() if not any(m in k for m in marks)}
+
     def close(self) -> None:
         """Ends every watch now (the controller is stopping)."""
         with self._cond:

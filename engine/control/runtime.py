@@ -63,8 +63,9 @@ class Runtime(abc.ABC):
     router_url: str  # where clients reach the router
 
     @abc.abstractmethod
-    def ensure_router(self) -> None:
-        """Make sure a router watches this controller (called at start and on every reconcile pass)."""
+    def ensure_router(self) -> list[int]:
+        """Make sure a router watches this controller (called at start and on every reconcile pass); the pids of
+        router replicas found gone meanwhile (their reports must not outlive them)."""
 
     @abc.abstractmethod
     def router_pids(self) -> list[int]:

@@ -109,8 +109,8 @@ class TableRuntime(Runtime):
         self.backend = backend
         self.port, self.url, self.router_url = 0, "http://127.0.0.1:0", "http://127.0.0.1:0"
 
-    def ensure_router(self) -> None:
-        pass
+    def ensure_router(self) -> list[int]:
+        return []
 
     def router_pids(self) -> list[int]:
         return []

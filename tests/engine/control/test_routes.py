@@ -64,6 +64,19 @@ def test_a_change_is_applied_once_every_live_replica_serves_its_revision():
     assert table.applied(2) == (True, 2)
 
 
+def test_a_replica_seen_dead_leaves_the_reads_at_once():
+    """Its report would live REPLICA_TTL_S more, and a reader of replica URLs (the canary's samples, the metric
+    scrape) would meet a refused connection there."""
+    table = RouteTable()
+    table.register("a", "v1", EP)
+    for replica in ("host/101/aa", "host/1011/bb", "host/202/cc"):
+        table.report(report(replica, 1, 0))
+    table.forget_replicas([101])
+    assert sorted(r["replica"] for r in table.replicas()) == ["host/1011/bb", "host/202/cc"]  # pid 1011 is not 101
+    table.forget_replicas([])
+    assert len(table.replicas()) == 2
+
+
 def test_a_mixed_change_naming_an_unrouted_group_changes_nothing():
     table = RouteTable()
     table.register("a", "v1", EP, 1.0)

@@ -211,45 +211,57 @@ def one_streamed_id(url: str, key: str) -> str:
     return chunks[0].id
 
 
-def check_traces(home: Path, request_id: str) -> None:
-    """The request's one trace crosses the router, prefill and decode processes (spans parented across them), with
-    the engines' phases; a migrated stream's new call links the call that broke, to another member; and
-    `tideflow trace` prints the timeline."""
-    def crossing(spans: list[dict]) -> tuple[str | None, set, set]:
-        trace_id = find_trace(spans, request_id)
-        mine = [s for s in spans if s["trace_id"] == trace_id]
-        return trace_id, {s["service"] for s in mine}, {(s["service"], s["name"]) for s in mine}
+def spans_until(home: Path, enough, timeout_s: float = 20.0) -> list[dict]:
+    """The span files' spans once `enough(spans)` holds (spans reach the files about a second after they end), or
+    as they are at the timeout."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        spans = read_spans(home / "traces")
+        if enough(spans) or time.monotonic() > deadline:
+            return spans
+        time.sleep(0.2)
 
+
+CROSSING = {("router", "POST /v1/completions"), ("router", "prefill /internal/prefill"),
+            ("router", "decode /internal/decode"), ("prefill", "POST /internal/prefill"),
+            ("prefill", "engine.prefill"), ("prefill", "engine.kv_export"), ("decode", "POST /internal/decode"),
+            ("decode", "kv.pull"), ("decode", "engine.kv_import"), ("decode", "engine.decode")}
+
+
+def check_crossing(home: Path, request_id: str) -> None:
+    """The request's one trace crosses the router, prefill and decode processes (each member's span parented by the
+    router's call), with the engines' phases; `tideflow trace` prints its timeline. Read before anything is killed:
+    a member SIGKILLed before its spans were written takes them along."""
+    def names(spans: list[dict]) -> set:
+        trace_id = find_trace(spans, request_id)
+        return {(s["service"], s["name"]) for s in spans if s["trace_id"] == trace_id}
+
+    spans = spans_until(home, lambda found: CROSSING <= names(found))
+    trace_id = find_trace(spans, request_id)
+    assert trace_id is not None, f"no span names {request_id}"
+    assert CROSSING <= names(spans), sorted(CROSSING - names(spans))
+    mine = {s["span_id"]: s for s in spans if s["trace_id"] == trace_id}
+    crossed = [s for s in mine.values() if s["service"] in ("prefill", "decode") and s["kind"] == "server"]
+    assert all(mine.get(s["parent_id"], {}).get("service") == "router" for s in crossed), "a member span lost its parent"
+    shown = subprocess.run(tideflow_argv("trace", request_id), capture_output=True, text=True, timeout=60,
+                           env={**os.environ, "TIDEFLOW_HOME": str(home)})
+    assert shown.returncode == 0, shown.stderr
+    assert trace_id in shown.stdout and "engine.prefill" in shown.stdout and "kv.pull" in shown.stdout, shown.stdout
+
+
+def check_links(home: Path) -> None:
+    """A migrated stream: the router's call that resumed it links the call that broke (same trace, error status),
+    and the two calls went to different members."""
     def moved(spans: list[dict]) -> list[tuple[dict, dict]]:
         by_id = {s["span_id"]: s for s in spans}
         return [(s, by_id[link["span_id"]]) for s in spans for link in s["links"]
                 if link["span_id"] in by_id and link["trace_id"] == s["trace_id"]]
 
-    want = {("router", "POST /v1/completions"), ("router", "prefill /internal/prefill"),
-            ("router", "decode /internal/decode"), ("prefill", "POST /internal/prefill"),
-            ("prefill", "engine.prefill"), ("prefill", "engine.kv_export"), ("decode", "POST /internal/decode"),
-            ("decode", "kv.pull"), ("decode", "engine.kv_import"), ("decode", "engine.decode")}
-    deadline = time.monotonic() + 20  # spans reach the files about a second after they end
-    while True:
-        spans = read_spans(home / "traces")
-        trace_id, services, names = crossing(spans)
-        links = moved(spans)
-        if (want <= names and links) or time.monotonic() > deadline:
-            break
-        time.sleep(0.2)
-    assert trace_id is not None, f"no span names {request_id}"
-    assert {"router", "prefill", "decode"} <= services and want <= names, sorted(want - names)
-    mine = {s["span_id"]: s for s in spans if s["trace_id"] == trace_id}
-    crossed = [s for s in mine.values() if s["service"] in ("prefill", "decode") and s["kind"] == "server"]
-    assert all(mine.get(s["parent_id"], {}).get("service") == "router" for s in crossed), "a member span lost its parent"
+    links = moved(spans_until(home, moved))
     assert links, "no migrated stream links the stream that broke"
     for resumed, broken in links:
         assert broken["status"] == "error" and broken["service"] == resumed["service"] == "router"
         assert broken["attributes"]["server.address"] != resumed["attributes"]["server.address"], (broken, resumed)
-    shown = subprocess.run(tideflow_argv("trace", request_id), capture_output=True, text=True, timeout=60,
-                           env={**os.environ, "TIDEFLOW_HOME": str(home)})
-    assert shown.returncode == 0, shown.stderr
-    assert trace_id in shown.stdout and "engine.prefill" in shown.stdout and "kv.pull" in shown.stdout, shown.stdout
 
 
 @pytest.mark.parametrize("role,chunks", [("decode", 3), ("prefill", 0), ("prefill", 3)],
@@ -264,10 +276,9 @@ def test_sigkill_a_pd_member_mid_stream_loses_nothing(groupset, undisturbed, tin
     pd = groupset.up(group_spec(f"mig-pd-{role}-{chunks}", tiny_model_dir, prefill=2))
     try:
         ready(pd)
-        traced = None
         if role == "decode":  # one request the PD group alone serves: its trace crosses router, prefill and decode
             groupset.admin.set_weights({"mig-a": 0.0, "mig-b": 0.0, pd.spec.name: 1.0})
-            traced = one_streamed_id(groupset.url, groupset.client_key)
+            check_crossing(tideflow_home, one_streamed_id(groupset.url, groupset.client_key))
         groupset.admin.set_weights({"mig-a": 0.0, "mig-b": 1.0, pd.spec.name: 3.0})
         before = sum(migrations(groupset.url, groupset.client_key).values())
         hit: list = []
@@ -284,7 +295,7 @@ def test_sigkill_a_pd_member_mid_stream_loses_nothing(groupset, undisturbed, tin
         print(f"\nSIGKILL {role} of {pd.spec.name} holding {hit[0][1]} requests: {moved:.0f} migrated, exact answers")
         if role == "decode":
             assert hit[0][1] >= 1 and moved >= 1
-            check_traces(tideflow_home, traced)
+            check_links(tideflow_home)
     finally:
         pd.drain_and_stop(5)
         groupset.admin.set_weights({"mig-a": 1.0, "mig-b": 1.0})
