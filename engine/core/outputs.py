@@ -56,6 +56,11 @@ class RequestStream:
         self.queue: asyncio.Queue[RequestOutput | Exception] = asyncio.Queue()
         self.request_id = ""
 
+    def _trace(self, timeline: Timeline) -> None:
+        """The request's engine phases as spans, made once the loop is free: off the path of the answer (a prefill's
+        handoff is on its request's TTFT), yet in this request's context (call_soon copies it), so under its span."""
+        self.loop.call_soon(engine_spans, timeline)
+
     def put(self, out: RequestOutput) -> None:
         self.loop.call_soon_threadsafe(self.queue.put_nowait, out)
 
@@ -72,7 +77,7 @@ class RequestStream:
         if isinstance(out, Exception):
             raise out
         if out.timeline is not None:
-            engine_spans(out.timeline)  # here, in the request's context: under its span
+            self._trace(out.timeline)
         return out
 
     async def __aiter__(self):
@@ -81,7 +86,7 @@ class RequestStream:
             if isinstance(out, Exception):  # refused after submission (an engine core in its own process)
                 raise out
             if out.timeline is not None:
-                engine_spans(out.timeline)
+                self._trace(out.timeline)
             yield out
             if out.finished:
                 return

@@ -232,10 +232,10 @@ def phases(timeline: Timeline) -> list[tuple[str, int, int]]:
 
 
 def engine_spans(timeline: Timeline | None, attributes: dict | None = None) -> None:
-    """Children of the current span for each phase the request passed in the engine (none when tracing is off or
-    the current span is not recording)."""
-    parent = trace.get_current_span()
-    if timeline is None or not parent.is_recording():
+    """Children of the current span for each phase the request passed in the engine: none when tracing is off or the
+    request's trace is not sampled. The current span may have ended already (its answer went out first)."""
+    parent = trace.get_current_span().get_span_context()
+    if timeline is None or not (parent.is_valid and parent.trace_flags.sampled):
         return
     for name, start, end in phases(timeline):
         tracer().start_span(name, start_time=start, attributes=attributes).end(end_time=end)
