@@ -34,11 +34,11 @@ FLOW_RUN_BAGGAGE = "prefect.flow_run_id"  # a drill or canary run puts it in the
 FLOW_RUN = "tideflow.flow_run_id"
 FILE_MAX_BYTES_ENV, FILE_MAX_BYTES = "TIDEFLOW_TRACE_FILE_MAX_BYTES", 64 << 20  # per process, before it rotates
 BATCH_DELAY_MS = 1000  # spans reach their file (or collector) within this; OTEL_BSP_SCHEDULE_DELAY overrides it
-TRACED_METHODS = frozenset({"POST"})
+TRACED_METHODS = frozenset({"POST"})  # the request path; probes, scrapes and reads stay out of the traces
 # FastAPI 0.150 on traces every request by itself once a tracer provider is set: probes and scrapes too, and a span
 # per dependency. TraceRequests traces the request path alone, the same on every FastAPI version: pass this as
 # FastAPI(telemetry=...) (an older FastAPI keeps it as an unused extra).
-FASTAPI_OWN_TELEMETRY_OFF = {"tracing": False, "metrics": False, "logs": False, "operation_spans": False}  # the request path; probes, scrapes and reads stay out of the traces
+FASTAPI_OWN_TELEMETRY_OFF = {"tracing": False, "metrics": False, "logs": False, "operation_spans": False}
 _setup_lock = threading.Lock()
 _service: str | None = None
 
