@@ -28,7 +28,7 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable
+from typing import Any, Callable, NoReturn
 
 import zmq
 from pydantic import BaseModel, Field
@@ -59,7 +59,7 @@ class CoreSpec(BaseModel):
     role: str = "colocated"
     starter_pid: int = Field(default_factory=os.getpid, description="the core ends when this process does")
     socket_dir: str | None = Field(None, description="the member's folder of ipc sockets: the core removes it when it "
-                                                     "outlives its starter (a SIGKILLed member leaves nothing behind)")
+                                                     "is stopped or its starter dies (nothing is left behind)")
 
 
 class EngineCore:
@@ -274,7 +274,7 @@ def main(argv: list[str]) -> int:
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s engine-core %(name)s: %(message)s")
     spec = CoreSpec.model_validate_json(argv[0])
-    signal.signal(signal.SIGTERM, _leave)  # unwinds, so the finally below runs
+    signal.signal(signal.SIGTERM, lambda signum, frame: _leave(spec))
     try:
         die_with_parent(spec.starter_pid)  # also while loading
         intraop.serial_process(spec.threads)  # before any torch op: the engine thread alone runs parallel ops
@@ -283,14 +283,22 @@ def main(argv: list[str]) -> int:
         engine = LLMEngine.from_dir(spec.model_dir, spec.engine, metrics, make_text=False)
         EngineCore(engine, spec.input_address).serve()
     finally:
-        if spec.socket_dir and os.getppid() != spec.starter_pid:  # the starter is gone: nobody else will remove it
-            shutil.rmtree(spec.socket_dir, ignore_errors=True)
+        _remove_sockets(spec)
     return 0
 
 
-def _leave(signum: int, frame: object) -> None:
-    """SIGTERM (from the starter, or from the kernel when the starter died) as SystemExit: an orderly way out."""
+def _leave(spec: CoreSpec) -> NoReturn:
+    """SIGTERM: the member is stopping, or its starter died (the kernel's signal). No API server connects to this
+    core again, so the member's socket folder goes first (connections made already keep working): a member stopped
+    with less grace than its shutdown takes, or SIGKILLed, leaves nothing behind. Then SystemExit unwinds the core
+    in order."""
+    _remove_sockets(spec)
     raise SystemExit(0)
+
+
+def _remove_sockets(spec: CoreSpec) -> None:
+    if spec.socket_dir:
+        shutil.rmtree(spec.socket_dir, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -55,14 +55,26 @@ def start_member(model_dir: Path, log_path: Path, *flags: str) -> tuple[Child, s
     return child, url
 
 
+def core_spec(core_pid: int) -> dict:
+    """The CoreSpec a member handed its engine core on the command line."""
+    return json.loads(Path(f"/proc/{core_pid}/cmdline").read_bytes().split(b"\0")[3])
+
+
 @pytest.fixture(scope="module")
 def member(tiny_model_dir, tmp_path_factory):
+    """A member with two API servers; stopped as a supervisor stops it, it must leave no socket folder (its
+    shutdown may outlast the supervisor's grace: the core, stopped or orphaned, removes the folder first)."""
     child, url = start_member(tiny_model_dir, tmp_path_factory.mktemp("core-process") / "serve.log",
                               "--api-server-count", "2")
+    sockets = Path(core_spec(children_of(child.pid, "engine.core.core_process")[0])["socket_dir"])
     try:
         yield child, url
     finally:
         child.stop()
+    deadline = time.monotonic() + 20
+    while sockets.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not sockets.exists(), "the stopped member left its socket folder behind"
 
 
 @pytest.fixture(scope="module")
@@ -220,11 +232,6 @@ def test_a_killed_api_server_is_started_again(member):
     else:
         pytest.fail("the API server was not started again")
     assert wait_http_ok(url + "/ready", 30, child, KEY)
-
-
-def core_spec(core_pid: int) -> dict:
-    """The CoreSpec a member handed its engine core on the command line."""
-    return json.loads(Path(f"/proc/{core_pid}/cmdline").read_bytes().split(b"\0")[3])
 
 
 def test_a_dead_core_ends_every_stream_and_the_member(tiny_model_dir, tmp_path):
