@@ -10,6 +10,10 @@ from pathlib import Path
 
 import torch
 
+from engine.group.groupset import LocalGroupSet
+from engine.group.manager import GroupState
+from engine.group.spec import InferenceGroup
+
 
 def copy_bandwidth_gbs(mbytes: int = 512, repeats: int = 5) -> float:
     """Best-of-n large tensor copy rate (read + write bytes per second): the memory roofline."""
@@ -46,3 +50,15 @@ def host() -> str:
         pass
     amx = "AMX" if any(f.startswith("amx") for f in flags) else "no AMX"
     return f"{model}, {os.cpu_count()} cores, {amx}"
+
+
+def pd_group_up(gs: LocalGroupSet, model_dir: Path, engine: dict, name: str = "pd"):
+    """A group of 1 prefill + 1 decode member on `gs`, each with `engine`'s knobs, once it is Ready; SystemExit
+    naming why when it fails to get there."""
+    spec = InferenceGroup.model_validate({"name": name, "version": "v1", "model": {"path": str(model_dir)},
+                                          "roles": [{"role": "prefill", "engine": engine},
+                                                    {"role": "decode", "engine": engine}]})
+    group = gs.up(spec)
+    if group.wait_for({GroupState.READY, GroupState.FAILED}, 600) != GroupState.READY:
+        raise SystemExit(f"group {name} did not get ready: {group.status.events[-1].message}")
+    return group

@@ -36,12 +36,10 @@ from typing import Iterator
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import host, print_table  # noqa: E402
+from common import host, pd_group_up, print_table  # noqa: E402
 
 from engine.offline.default_model import DEFAULT_CONFIG, TINY_CONFIG, write_default_model  # noqa: E402
 from engine.group.groupset import GroupSetConfig, LocalGroupSet  # noqa: E402
-from engine.group.manager import GroupState  # noqa: E402
-from engine.group.spec import InferenceGroup  # noqa: E402
 from engine.runtime.process import Child, free_port, tideflow_argv, wait_http_ok  # noqa: E402
 from engine.model.loader import read_config  # noqa: E402
 from engine.api.protocol import MAX_MESSAGES  # noqa: E402
@@ -153,14 +151,8 @@ def serving(args, model_dir: Path, tmp: Path) -> Iterator[tuple[str, str, str]]:
         finally:
             child.stop()
         return
-    engine = {"kv_cache_bytes": 64 << 20}
-    pd = InferenceGroup.model_validate({"name": "pd", "version": "v1", "model": {"path": str(model_dir)},
-                                        "roles": [{"role": "prefill", "engine": engine},
-                                                  {"role": "decode", "engine": engine}]})
     with LocalGroupSet(GroupSetConfig(model_dir=model_dir)) as gs:
-        group = gs.up(pd)
-        if group.wait_for({GroupState.READY, GroupState.FAILED}, 600) != GroupState.READY:
-            raise SystemExit(f"group pd failed: {group.status.events[-1].message}")
+        pd_group_up(gs, model_dir, {"kv_cache_bytes": 64 << 20})
         if not wait_http_ok(gs.url + "/ready", 60):
             raise SystemExit(f"the router at {gs.url} never had the group routable")
         yield gs.url, gs.client_key, "router: `tideflow router` defaults, 1P+1D group"

@@ -22,11 +22,9 @@ from pathlib import Path
 import openai
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import host, print_table  # noqa: E402
+from common import host, pd_group_up, print_table  # noqa: E402
 
 from engine.group.groupset import GroupSetConfig, LocalGroupSet  # noqa: E402
-from engine.group.manager import GroupState  # noqa: E402
-from engine.group.spec import InferenceGroup  # noqa: E402
 from engine.offline.default_model import DEFAULT_CONFIG, write_default_model  # noqa: E402
 from engine.telemetry.trace_cli import read_spans  # noqa: E402
 
@@ -64,14 +62,8 @@ def fleet_run(model_dir: Path, home: Path, traced: bool, args, seed: int) -> tup
         os.environ.pop("OTEL_SDK_DISABLED", None)
     else:
         os.environ["OTEL_SDK_DISABLED"] = "true"
-    engine = {"kv_cache_bytes": 256 << 20, "max_num_seqs": args.streams}
-    spec = InferenceGroup.model_validate({"name": "pd", "version": "v1", "model": {"path": str(model_dir)},
-                                          "roles": [{"role": "prefill", "engine": engine},
-                                                    {"role": "decode", "engine": engine}]})
     with LocalGroupSet(GroupSetConfig(model_dir=model_dir)) as gs:
-        group = gs.up(spec)
-        if group.wait_for({GroupState.READY, GroupState.FAILED}, 600) != GroupState.READY:
-            raise SystemExit(f"the group did not get ready: {group.status.events}")
+        pd_group_up(gs, model_dir, {"kv_cache_bytes": 256 << 20, "max_num_seqs": args.streams})
         asyncio.run(run_streams(gs.url, gs.client_key, 4, args.prompt_len, 8, seed + 1))  # warm-up
         runs = [asyncio.run(run_streams(gs.url, gs.client_key, args.streams, args.prompt_len, args.output_len,
                                         seed * 100 + i)) for i in range(args.rounds)]

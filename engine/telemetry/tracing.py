@@ -231,11 +231,11 @@ def phases(timeline: Timeline) -> list[tuple[str, int, int]]:
     return [(name, start, end) for name, start, end in found if start and end and end >= start]
 
 
-def engine_spans(timeline: Timeline | None, attributes: dict | None = None) -> None:
+def engine_spans(timeline: Timeline | None) -> None:
     """Children of the current span for each phase the request passed in the engine: none when tracing is off or the
     request's trace is not sampled. The current span may have ended already (its answer went out first)."""
     parent = trace.get_current_span().get_span_context()
     if timeline is None or not (parent.is_valid and parent.trace_flags.sampled):
         return
     for name, start, end in phases(timeline):
-        tracer().start_span(name, start_time=start, attributes=attributes).end(end_time=end)
+        tracer().start_span(name, start_time=start).end(end_time=end)
