@@ -16,43 +16,14 @@ import os
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-import openai
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import host, pd_group_up, print_table  # noqa: E402
+from common import host, pd_group_up, print_table, run_streams  # noqa: E402
 
 from engine.group.groupset import GroupSetConfig, LocalGroupSet  # noqa: E402
 from engine.offline.default_model import DEFAULT_CONFIG, write_default_model  # noqa: E402
 from engine.telemetry.trace_cli import read_spans  # noqa: E402
-
-
-async def run_streams(url: str, key: str, n: int, prompt_len: int, out_tokens: int, seed: int) -> tuple[float, float]:
-    """(output tokens/s over n concurrent streams, TTFT p50 in ms)."""
-    client = openai.AsyncOpenAI(base_url=url + "/v1", api_key=key, max_retries=0, timeout=600)
-
-    async def one(i: int) -> tuple[int, float]:
-        t0, first, tokens = time.perf_counter(), None, 0
-        prompt = " ".join(f"w{(seed * 7919 + i * 31 + j) % 997}" for j in range(prompt_len))
-        stream = await client.completions.create(model="default", prompt=prompt, max_tokens=out_tokens, temperature=0,
-                                                 stream=True, stream_options={"include_usage": True},
-                                                 extra_body={"ignore_eos": True})
-        async for chunk in stream:
-            if first is None and chunk.choices and chunk.choices[0].text:
-                first = time.perf_counter()
-            if chunk.usage is not None:
-                tokens = chunk.usage.completion_tokens
-        return tokens, (first or time.perf_counter()) - t0
-
-    try:
-        t0 = time.perf_counter()
-        done = await asyncio.gather(*(one(i) for i in range(n)))
-        wall = time.perf_counter() - t0
-    finally:
-        await client.close()
-    return sum(t for t, _ in done) / wall, statistics.median(f for _, f in done) * 1000
 
 
 def fleet_run(model_dir: Path, home: Path, traced: bool, args, seed: int) -> tuple[float, float, int]:

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
 from engine.runtime.errors import TideflowError
 from engine.runtime.process import Child, free_port, wait_http_ok
+from engine.runtime.tls import TlsIdentity
 
 TEMPLATE = Path(__file__).resolve().parents[1] / "deployments" / "prometheus" / "prometheus.yml.j2"
 
@@ -35,6 +36,9 @@ class ScrapeJob(BaseModel):
     key: SecretStr = Field(description="bearer key the targets' /metrics require")
     sd_key: SecretStr | None = Field(None, description="bearer key of the discovery URL (None: `key`); the "
                                                        "controller takes its client key, not the members'")
+    tls: TlsIdentity | None = Field(None, description="a fleet with TLS on: scrape and discover over https, "
+                                                      "trusting this CA and showing this certificate (members ask "
+                                                      "for one: mutual TLS)")
 
     @model_validator(mode="after")
     def _targets_or_discovery(self) -> "ScrapeJob":
@@ -61,9 +65,17 @@ def render_config(jobs: list[ScrapeJob], scrape_interval_s: float, key_dir: Path
         if job.sd_url:
             _write_secret(sd_path, job.sd_key or job.key)
         rendered.append({"name": job.name, "targets": job.targets, "sd_url": job.sd_url, "credentials_file": str(path),
-                         "sd_credentials_file": str(sd_path)})
+                         "sd_credentials_file": str(sd_path), "tls": _tls_config(job.tls)})
     template = jinja2.Template(TEMPLATE.read_text(), undefined=jinja2.StrictUndefined)
     return template.render(jobs=rendered, scrape_interval_s=f"{scrape_interval_s:g}", scrape_timeout_s=f"{scrape_interval_s:g}")
+
+
+def _tls_config(identity: TlsIdentity | None) -> dict[str, str] | None:
+    """Prometheus's tls_config for `identity` (its key may share the certificate's file: Prometheus reads the
+    blocks it needs from each)."""
+    if identity is None:
+        return None
+    return {"ca_file": str(identity.ca), "cert_file": str(identity.cert), "key_file": str(identity.key)}
 
 
 def _write_secret(path: Path, secret: SecretStr) -> None:
@@ -75,9 +87,10 @@ def _write_secret(path: Path, secret: SecretStr) -> None:
 def groupset_jobs(groupset) -> list[ScrapeJob]:
     """A `router` job and an `engines` job over the members registered in a LocalGroupSet's router now."""
     engines = sorted({urlparse(e["url"]).netloc for g in groupset.admin.groups() for e in g["endpoints"]})
-    jobs = [ScrapeJob(name="router", targets=[urlparse(groupset.url).netloc], key=groupset.client_key)]
+    identity = TlsIdentity.from_env() if groupset.config.tls else None  # the set's own certificate
+    jobs = [ScrapeJob(name="router", targets=[urlparse(groupset.url).netloc], key=groupset.client_key, tls=identity)]
     if engines:
-        jobs.append(ScrapeJob(name="engines", targets=engines, key=groupset.backend.api_key))
+        jobs.append(ScrapeJob(name="engines", targets=engines, key=groupset.backend.api_key, tls=identity))
     return jobs
 
 

@@ -109,7 +109,13 @@ def controller_args() -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def controller(tideflow_home, controller_model_dir, controller_args):
+def controller_scheme() -> str:
+    """https for a module whose controller_args turn TLS on."""
+    return "http"
+
+
+@pytest.fixture(scope="module")
+def controller(tideflow_home, controller_model_dir, controller_args, controller_scheme):
     """`tideflow controller` in its own process (as users run it); yields its client. Afterwards
     `tideflow down` stops the fleet, and no process of this home may be left."""
     from engine.control.client import ControlClient
@@ -120,7 +126,7 @@ def controller(tideflow_home, controller_model_dir, controller_args):
     model = ["--model-dir", str(controller_model_dir)] if controller_model_dir is not None else []
     argv = tideflow_argv("controller", "--port", str(port), *model, *controller_args)
     child = start_service("controller", argv, tideflow_home / "logs" / "controller.log",
-                          f"http://127.0.0.1:{port}/health", timeout_s=120)
+                          f"{controller_scheme}://127.0.0.1:{port}/health", timeout_s=120)
     client = ControlClient.connect()
     try:
         yield client

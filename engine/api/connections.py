@@ -21,6 +21,8 @@ from uvicorn.main import STARTUP_FAILURE
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from engine.api.connection_limits import ConnectionLimits
+from engine.runtime import tls
+from engine.runtime.tls import TlsIdentity
 
 
 def _refusal(status: int, reason: str, message: str) -> bytes:
@@ -88,9 +90,26 @@ def bounded_protocol(limits: ConnectionLimits) -> type[H11Protocol]:
     return BoundedH11Protocol
 
 
-def server_config(app, limits: ConnectionLimits, **kwargs) -> uvicorn.Config:
-    """uvicorn's Config with tideflow's bounded reads; `kwargs` are uvicorn's own (host, port, log_level...)."""
-    return uvicorn.Config(app, http=bounded_protocol(limits), **kwargs)
+class ReloadingTlsConfig(uvicorn.Config):
+    """uvicorn's Config whose TLS context follows its certificate file: a renewed certificate is served to the
+    next handshake, with no restart."""
+
+    def __init__(self, app, identity: TlsIdentity | None, **kwargs) -> None:
+        super().__init__(app, **kwargs)
+        self.identity = identity
+
+    def load(self) -> None:
+        super().load()
+        if self.ssl is not None and self.identity is not None:
+            tls.watch_server_context(self.ssl, self.identity)
+
+
+def server_config(app, limits: ConnectionLimits, *, identity: TlsIdentity | None = None, mutual: bool = False,
+                  **kwargs) -> uvicorn.Config:
+    """uvicorn's Config with tideflow's bounded reads, served over TLS with `identity` when one is given
+    (`mutual`: clients must show a certificate from its CA); `kwargs` are uvicorn's own (host, port...)."""
+    return ReloadingTlsConfig(app, identity, http=bounded_protocol(limits), **tls.server_kwargs(identity, mutual),
+                              **kwargs)
 
 
 def listening_socket(host: str, port: int, reuse_port: bool) -> socket.socket:

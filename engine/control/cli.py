@@ -47,6 +47,11 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
     c.add_argument("--no-capacity-check", dest="capacity_check", action="store_false",
                    help="local: start groups even when their members' estimated memory exceeds this host's available "
                         "memory (the check refuses them before any member starts)")
+    c.add_argument("--tls", choices=["auto", "on", "off"], default="auto",
+                   help="local: TLS on every hop from the fleet CA in $TIDEFLOW_HOME/tls, mutual TLS to members "
+                        "(auto: on when --host is not a loopback address)")
+    c.add_argument("--cert-lifetime-h", type=float, default=24.0,
+                   help="local: hours a fleet certificate is valid; each is issued again with a third of its life left")
     connection_limits.add_arguments(c)
     c.set_defaults(func=_controller)
 
@@ -79,6 +84,7 @@ def _controller(args: argparse.Namespace) -> int:
     from engine.group.capacity import CapacityCheck
     from engine.runtime.paths import default_model_dir
     from engine.runtime.process import start_ticks
+    from engine.runtime.tls import TlsIdentity
 
     held = HomeLock() if (args.backend or os.environ.get(BACKEND_ENV, "local")) == "local" else None
     model_dir = args.model_dir or default_model_dir()
@@ -87,8 +93,11 @@ def _controller(args: argparse.Namespace) -> int:
     chosen = {k: v for k, v in (("backend", args.backend), ("namespace", args.namespace)) if v}
     config = ControllerConfig(model_dir=model_dir, model_name=args.model_name, host=args.host, port=args.port,
                               router_port=args.router_port, router_replicas=args.router_replicas, router_args=args.router_arg, image=args.image,
-                              router_url=args.router_url,
+                              router_url=args.router_url, tls=args.tls, cert_lifetime_h=args.cert_lifetime_h,
                               capacity_check=CapacityCheck(enabled=args.capacity_check), **chosen)
+    if config.backend == "kubernetes" and args.tls == "on":
+        raise TideflowError("--tls on is for the local backend: on kubernetes the fleet CA is not kept in a Secret "
+                            "yet; say --tls off and encrypt pod-to-pod traffic with a mesh (docs/security.md#tls)")
     if config.backend == "kubernetes" and not config.port:
         raise TideflowError("--port is needed on kubernetes: the router Deployment reaches the controller's Service there")
     elector = _lead(config) if config.backend == "kubernetes" else None
@@ -106,8 +115,9 @@ def _controller(args: argparse.Namespace) -> int:
 
     limits = connection_limits.from_args(args)
     app = create_control_app(controller, on_down=on_down, body_timeout_s=limits.body_timeout_s)
+    # the controller's own certificate, when TLS is on: the local runtime put the fleet's into its environment
     server = uvicorn.Server(server_config(app, limits, host=args.host, port=port, log_level="warning",
-                                          timeout_graceful_shutdown=5))
+                                          timeout_graceful_shutdown=5, identity=TlsIdentity.from_env()))
     discovery.register(info, controller.client_key)
     print(f"controller: {info.url} (pid {info.pid}); router: {controller.router_url}/v1 "
           f"(API key in {discovery.router_key_path()})", flush=True)
@@ -162,6 +172,7 @@ def _router_replica(args: argparse.Namespace) -> int:
     from engine.control.local_runtime import router_env
     from engine.control.store import Store
     from engine.runtime.paths import home
+    from engine.runtime.pki import identity_paths
     from engine.runtime.process import loopback_members, tideflow_argv
 
     info = discovery.find()
@@ -175,6 +186,8 @@ def _router_replica(args: argparse.Namespace) -> int:
         store.close()
     if not model_dir or not model_name:
         raise TideflowError(f"the controller at {info.url} recorded no model; restart it with `tideflow controller`")
+    if info.url.startswith("https://"):  # the controller serves TLS: this replica shows the routers' certificate
+        env.update(identity_paths(home() / "tls", "router").env())
     argv = tideflow_argv("router", "--host", args.host, "--port", str(args.port), "--model-name", model_name,
                          "--model-dir", model_dir, "--controller-url", info.url, *loopback_members(args.host))
     os.execve(argv[0], argv, {**os.environ, **env})

@@ -15,7 +15,7 @@ from engine.control.store import Event
 from engine.runtime.errors import TideflowError
 from engine.group.manager import GroupState
 from engine.group.spec import InferenceGroup
-from engine.runtime.http import bearer_client
+from engine.runtime.http import bearer_client, explain
 from engine.scaling.policy import ScalingPolicy
 from engine.scaling.pool import ScaleResult
 
@@ -48,7 +48,8 @@ class ControlClient:
             if r.status_code == 401 and self._rekeyed(sent):  # a long run outliving its key's grace: the new key
                 r = self._http.request(method, path, **kw)
         except httpx.HTTPError as exc:
-            raise ControlAPIError(f"controller {self.url} did not answer {method} {path}: {exc}") from None
+            why = explain(exc, self.url)
+            raise ControlAPIError(f"controller {self.url} did not answer {method} {path}: {why}") from None
         if r.status_code >= 400:
             try:
                 message = r.json()["error"]["message"]

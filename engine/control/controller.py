@@ -167,6 +167,7 @@ class Controller:
                     self._stop_in_background(g)
             self._stoppers = {n: t for n, t in self._stoppers.items() if t.is_alive()}
         reap_orphan_segments()  # KV segments of members that died mid-transfer
+        self.runtime.renew_certificates()
 
     def _converge(self, g: ManagedGroup, want: DesiredGroup) -> None:
         """Bring a settled group's weight and serving/standby to what is wanted (caller holds the lock): a park

@@ -7,8 +7,9 @@ duplicates, and what it cannot adopt it stops and rebuilds whole.
 
 from __future__ import annotations
 
+import datetime as dt
+import os
 import time
-
 from collections import defaultdict
 from pathlib import Path
 
@@ -20,10 +21,15 @@ from engine.group.backend import BackendError
 from engine.group.local import LocalProcessBackend, MemberRecord
 from engine.group.manager import GroupManager
 from engine.runtime.paths import home
+from engine.runtime.pki import FleetCA, default_hosts
 from engine.runtime.process import adopt, free_port, port_free
+from engine.runtime.tls import TlsIdentity
 from engine.router.app import ADMIN_KEYS_ENV, UPSTREAM_KEY_ENV
 from engine.router.sync import ROUTES_KEY_ENV
 from engine.api.auth import API_KEY_FILE_ENV
+
+
+RENEW_CHECK_S = 30.0  # how often the fleet's certificates are looked at for renewal (a tenth of their life if less)
 
 
 class LocalRuntime(Runtime):
@@ -31,18 +37,23 @@ class LocalRuntime(Runtime):
         self.config = config
         self.store = store or Store(home() / "controller.db")
         self.port = _keep_port(self.store, config.host, config.port)  # the URL an adopted router watches
-        self.url = f"http://{config.host}:{self.port}"
+        self.ca, identities = _fleet_tls(config)
+        scheme = "https" if self.ca else "http"
+        self.url = f"{scheme}://{config.host}:{self.port}"
+        self._renew_at = 0.0
         self.store.set_setting("model_dir", str(config.model_dir))  # what `tideflow router-replica` serves with
         self.store.set_setting("model_name", config.model_name)
         # what members verify is the key file the controller's key book writes (a rotation reaches them there); what
         # this backend sends them is the store's key as each call goes
         self.backend = LocalProcessBackend(config.model_dir, lambda: self.store.secret("member"), config.model_name,
                                            home() / "logs", config.host, ledger=self.store,
-                                           capacity=config.capacity_check, key_file=home() / "keys" / MEMBERS_FILE)
+                                           capacity=config.capacity_check, key_file=home() / "keys" / MEMBERS_FILE,
+                                           identity=identities.get("member"))
+        router_identity = identities.get("router")
         self.routers = RouterReplicas(RouterSettings(
             host=config.host, port=config.router_port, replicas=config.router_replicas, model_name=config.model_name,
-            model_dir=config.model_dir, controller_url=self.url, args=config.router_args, env=router_env(self.store)),
-            self.store)
+            model_dir=config.model_dir, controller_url=self.url, args=config.router_args, scheme=scheme,
+            env={**router_env(self.store), **(router_identity.env() if router_identity else {})}), self.store)
 
     @property
     def router_url(self) -> str:  # type: ignore[override]
@@ -50,6 +61,15 @@ class LocalRuntime(Runtime):
 
     def ensure_router(self) -> list[int]:
         return self.routers.ensure()
+
+    def renew_certificates(self) -> list[str]:
+        if self.ca is None or time.monotonic() < self._renew_at:
+            return []
+        self._renew_at = time.monotonic() + min(RENEW_CHECK_S, self.config.cert_lifetime_h * 360)
+        renewed = self.ca.renew_due()
+        if renewed:
+            self.store.event("tls", f"certificates issued again before expiry: {', '.join(renewed)}")
+        return renewed
 
     def router_pids(self) -> list[int]:
         return self.routers.pids()
@@ -83,6 +103,18 @@ class LocalRuntime(Runtime):
 
     def stop_leftovers(self) -> int:
         return self.routers.stop() + _stop_leftovers(self.store)
+
+
+def _fleet_tls(config: ControllerConfig) -> tuple[FleetCA | None, dict[str, TlsIdentity]]:
+    """With TLS on: the fleet CA of this home (made on first use) and the certificates of the controller, the
+    routers and the members, one per role, valid for the bind address. The controller's own goes into its
+    environment: its server and its clients (to members, which ask for a certificate) use it from there."""
+    if not config.tls_on:
+        return None, {}
+    ca = FleetCA(home() / "tls", dt.timedelta(hours=config.cert_lifetime_h))
+    identities = {role: ca.issue(role, default_hosts(config.host)) for role in ("controller", "router", "member")}
+    os.environ.update(identities["controller"].env())
+    return ca, identities
 
 
 def router_env(store: Store) -> dict[str, str]:

@@ -24,10 +24,16 @@ from engine.control.store import RouterRecord, Store
 from engine.group.backend import BackendError
 from engine.runtime.paths import home
 from engine.runtime.process import Adopted, Child, adopt, free_port, loopback_members, tideflow_argv, wait_http_ok
+from engine.runtime.tls import is_loopback
 
 STEADY_S = 30.0  # a replica that lived this long died of something new: start it again at once
 MAX_PAUSE_S = 30.0
 START_TIMEOUT_S = 60.0
+
+
+def plain_http(s: "RouterSettings") -> list[str]:
+    """The flag a router off loopback needs to serve plain HTTP: the controller was told TLS off."""
+    return ["--plain-http"] if s.scheme == "http" and not is_loopback(s.host) else []
 
 
 class RouterSettings(BaseModel):
@@ -40,7 +46,9 @@ class RouterSettings(BaseModel):
     model_dir: Path
     controller_url: str
     args: list[str] = Field(default_factory=list, description="extra `tideflow router` flags")
-    env: dict[str, str] = Field(description="the replicas' keys (engine.control.local_runtime.router_env)")
+    env: dict[str, str] = Field(description="the replicas' keys (engine.control.local_runtime.router_env) and "
+                                            "TLS identity")
+    scheme: str = Field("http", pattern="^https?$", description="https: the replicas serve the fleet's certificate")
 
 
 @dataclass
@@ -64,7 +72,7 @@ class RouterReplicas:
 
     @property
     def url(self) -> str:
-        return f"http://{self.settings.host}:{self.port}" if self.port else ""
+        return f"{self.settings.scheme}://{self.settings.host}:{self.port}" if self.port else ""
 
     def ensure(self) -> list[int]:
         """At the first call: adopt the recorded replicas that still serve this controller, start the rest and
@@ -107,7 +115,7 @@ class RouterReplicas:
         want_port = self.settings.port or (min(ports) if ports else 0)
         for slot, rec in records.items():
             proc = adopt("router", rec.pid, rec.ticks, Path(rec.log_path))
-            url = f"http://{self.settings.host}:{rec.port}"
+            url = f"{self.settings.scheme}://{self.settings.host}:{rec.port}"
             if (proc is not None and slot < self.settings.replicas and rec.reuse_port and rec.port == want_port
                     and rec.controller_url == self.settings.controller_url
                     and wait_http_ok(url + "/health", timeout_s=5)):
@@ -126,7 +134,7 @@ class RouterReplicas:
         argv = tideflow_argv("router", "--host", s.host, "--port", str(self.port), "--reuse-port", "--replica-port", "0",
                              "--model-name",
                              s.model_name, "--model-dir", str(s.model_dir), "--controller-url", s.controller_url,
-                             *loopback_members(s.host), *s.args)
+                             *loopback_members(s.host), *plain_http(s), *s.args)
         child = Child(f"router-{slot}", argv, home() / "logs" / f"router-{self.port}-{slot}.log", s.env)
         self.store.set_router(slot, RouterRecord(pid=child.pid, ticks=child.start_ticks, port=self.port,
                                                  log_path=str(child.log_path), controller_url=s.controller_url,

@@ -18,6 +18,7 @@ from engine.control.store import StateStore
 from engine.group.backend import Backend
 from engine.group.capacity import CapacityCheck
 from engine.group.manager import GroupManager, SupervisionPolicy
+from engine.runtime.tls import is_loopback
 
 BACKEND_ENV = "TIDEFLOW_BACKEND"
 NAMESPACE_ENV = "TIDEFLOW_NAMESPACE"
@@ -53,6 +54,16 @@ class ControllerConfig(BaseModel):
     policy: SupervisionPolicy = Field(default_factory=SupervisionPolicy, description="how groups are supervised and rebuilt")
     capacity_check: CapacityCheck = Field(default_factory=CapacityCheck,
                                           description="local: refuse a group that would not fit this host's memory")
+    tls: Literal["auto", "on", "off"] = Field(
+        "auto", description="local: TLS on every hop from the fleet CA in $TIDEFLOW_HOME/tls (mutual TLS to members); "
+                            "auto: on when `host` is not a loopback address")
+    cert_lifetime_h: float = Field(24.0, gt=0, description="local: hours a certificate the fleet CA issues is valid; "
+                                                           "each is issued again with a third of its life left")
+
+    @property
+    def tls_on(self) -> bool:
+        """The local runtime's fleet CA is in use (on Kubernetes the CA is not kept in a Secret yet: no TLS there)."""
+        return self.backend == "local" and (self.tls == "on" or (self.tls == "auto" and not is_loopback(self.host)))
 
 
 class Runtime(abc.ABC):
@@ -66,6 +77,11 @@ class Runtime(abc.ABC):
     def ensure_router(self) -> list[int]:
         """Make sure a router watches this controller (called at start and on every reconcile pass); the pids of
         router replicas found gone meanwhile (their reports must not outlive them)."""
+
+    def renew_certificates(self) -> list[str]:
+        """Issue again the fleet's certificates that near their end (called on every reconcile pass); the names
+        renewed. None on a runtime whose certificates come from elsewhere."""
+        return []
 
     @abc.abstractmethod
     def router_pids(self) -> list[int]:

@@ -6,6 +6,8 @@ controller (engine/control/), which outlives every flow run.
 
 from __future__ import annotations
 
+import datetime as dt
+import os
 import secrets
 from pathlib import Path
 
@@ -15,6 +17,8 @@ from engine.group.local import LocalProcessBackend
 from engine.group.manager import GroupManager, ManagedGroup, SupervisionPolicy
 from engine.group.spec import InferenceGroup
 from engine.runtime.paths import home
+from engine.runtime.pki import FleetCA, default_hosts
+from engine.runtime.tls import TlsIdentity
 from engine.runtime.process import free_port, loopback_members, start_service, tideflow_argv
 from engine.router.admin import RouterAdmin
 from engine.router.app import ADMIN_KEYS_ENV, UPSTREAM_KEY_ENV
@@ -28,6 +32,17 @@ class GroupSetConfig(BaseModel):
     client_api_key: str | None = Field(None, description="key clients send; generated when unset")
     policy: SupervisionPolicy = Field(default_factory=SupervisionPolicy)
     router_args: list[str] = Field(default_factory=list, description="extra `tideflow router` flags")
+    tls: bool = Field(False, description="TLS on every hop from a fleet CA in $TIDEFLOW_HOME/tls (mutual TLS to "
+                                         "members); this process shows the CA's `owner` certificate to them")
+
+
+def _fleet_identities(host: str) -> dict[str, TlsIdentity]:
+    """The routers', the members' and this process's certificates from the home's fleet CA; this process's goes
+    into its environment, where its clients (the router's admin API, the members' probes) take it from."""
+    ca = FleetCA(home() / "tls", dt.timedelta(hours=24))
+    identities = {name: ca.issue(name, default_hosts(host)) for name in ("router", "member", "owner")}
+    os.environ.update(identities["owner"].env())
+    return identities
 
 
 class LocalGroupSet:
@@ -39,14 +54,17 @@ class LocalGroupSet:
         self._admin_key = secrets.token_urlsafe(24)
         self._member_key = secrets.token_urlsafe(24)  # between the router and the members only
         port = config.router_port or free_port(config.host)
-        self.url = f"http://{config.host}:{port}"
+        identities = _fleet_identities(config.host) if config.tls else {}
+        self.url = f"{'https' if config.tls else 'http'}://{config.host}:{port}"
         logs = home() / "logs"
-        env = {"TIDEFLOW_API_KEYS": self.client_key, ADMIN_KEYS_ENV: self._admin_key, UPSTREAM_KEY_ENV: self._member_key}
+        env = {"TIDEFLOW_API_KEYS": self.client_key, ADMIN_KEYS_ENV: self._admin_key, UPSTREAM_KEY_ENV: self._member_key,
+               **(identities["router"].env() if identities else {})}
         argv = tideflow_argv("router", "--host", config.host, "--port", str(port), "--model-name", config.model_name,
                              "--model-dir", str(config.model_dir), *loopback_members(config.host), *config.router_args)
         self.router = start_service(f"router-{port}", argv, logs / f"router-{port}.log", self.url + "/health", 60, env)
         self.admin = RouterAdmin(self.url, self._admin_key)
-        self.backend = LocalProcessBackend(config.model_dir, self._member_key, config.model_name, logs, config.host)
+        self.backend = LocalProcessBackend(config.model_dir, self._member_key, config.model_name, logs, config.host,
+                                           identity=identities.get("member"))
         self.manager = GroupManager(self.backend, self.admin, config.policy,
                                     member_key=self._member_key)
 

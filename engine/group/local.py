@@ -22,6 +22,7 @@ from engine.api.auth import API_KEY_FILE_ENV
 from engine.runtime.http import Key, bearer_client
 from engine.runtime.paths import home
 from engine.runtime.process import Adopted, Child, adopt, free_port, tideflow_argv
+from engine.runtime.tls import TlsIdentity, is_loopback
 
 
 class MemberRecord(BaseModel):
@@ -71,14 +72,17 @@ class LocalProcessBackend(Backend):
     def __init__(self, model_dir: Path, api_key: Key, model_name: str = "default", log_dir: Path | None = None,
                  host: str = "127.0.0.1", extra_env: dict[str, str] | None = None,
                  ledger: ProcessLedger | None = None, gpus: GpuPool | None = None,
-                 capacity: CapacityCheck | None = None, key_file: Path | None = None) -> None:
+                 capacity: CapacityCheck | None = None, key_file: Path | None = None,
+                 identity: TlsIdentity | None = None) -> None:
         """`api_key`: what this backend sends to members (a callable: the current key of a rotating one);
         `key_file`: the key file members verify, read again when it changes (engine.control.keys writes it),
-        else members accept `api_key` as started."""
+        else members accept `api_key` as started. `identity`: the members' certificate (mutual TLS with
+        the fleet's CA; None: plain HTTP)."""
         self.model_dir, self.api_key, self.model_name, self.host = model_dir, api_key, model_name, host
         self.key_file = key_file
         self.log_dir = log_dir or home() / "logs"
-        self.extra_env = extra_env or {}
+        self.extra_env = {**(extra_env or {}), **(identity.env() if identity else {})}
+        self.scheme = "https" if identity else "http"
         self.ledger = ledger
         self.gpus = gpus or GpuPool()
         self.capacity = capacity or CapacityCheck()
@@ -208,9 +212,12 @@ class LocalProcessBackend(Backend):
         return group.model.expanded_path() if group.model.path else str(self.model_dir)
 
     def member_args(self, group: InferenceGroup, member: Member, port: int, dist_port: int | None, standby: bool) -> list[str]:
-        return serve_argv(group, group.role(member.role), model=self.model_path(group), host=self.host, port=port,
+        argv = serve_argv(group, group.role(member.role), model=self.model_path(group), host=self.host, port=port,
                           served_name=self.model_name, rank=member.rank, standby=standby,
                           dist_addr=f"{self.host}:{dist_port}" if member.size > 1 else None)
+        if self.scheme == "http" and not is_loopback(self.host):
+            argv.append("--plain-http")  # the controller was told TLS off: members off loopback say so too
+        return argv
 
     def _run(self, handle: GroupHandle) -> _Running:
         with self._lock:
@@ -220,7 +227,7 @@ class LocalProcessBackend(Backend):
         return run
 
     def endpoint(self, handle: GroupHandle, member: Member) -> str:
-        return f"http://{self.host}:{self._run(handle).ports[member]}"
+        return f"{self.scheme}://{self.host}:{self._run(handle).ports[member]}"
 
     def members(self, handle: GroupHandle) -> list[MemberStatus]:
         run = self._run(handle)
@@ -231,7 +238,7 @@ class LocalProcessBackend(Backend):
         return out
 
     def _observe(self, client: httpx.Client, run: _Running, member: Member, child: Child) -> MemberStatus:
-        url = f"http://{self.host}:{run.ports[member]}"
+        url = f"{self.scheme}://{self.host}:{run.ports[member]}"
         base = dict(role=member.role, instance=member.instance, rank=member.rank, endpoint=url)
         code = child.returncode
         if code is not None:

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from engine.api import connection_limits
+from engine.runtime import tls
 
 
 def add_commands(subparsers: argparse._SubParsersAction) -> None:
@@ -51,6 +52,7 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--prompt-workers", type=int, default=2,
                    help="threads that parse large bodies and tokenize, hash and serialize prompts, off the event loop")
     connection_limits.add_arguments(p)
+    tls.add_arguments(p, mutual=False)  # clients hold API keys, not certificates; an operator's certificate or the fleet's
     p.set_defaults(func=_run)
 
 
@@ -66,6 +68,11 @@ def _run(args: argparse.Namespace) -> int:
     from engine.api.auth import key_source, secret_from_env
     from engine.telemetry import tracing
 
+    try:
+        identity = tls.identity_from_args(args, "tideflow router")
+    except ValueError as exc:
+        print(f"tideflow router: {exc}", file=sys.stderr)
+        return 2
     own = None  # this replica's own listener, beside the (shared) port
     replica_url = args.replica_url
     if args.replica_port is not None:
@@ -75,7 +82,7 @@ def _run(args: argparse.Namespace) -> int:
             print(f"tideflow router: cannot bind {args.host}:{args.replica_port}: {exc}", file=sys.stderr)
             return STARTUP_FAILURE
         host = f"[{args.host}]" if ":" in args.host else args.host
-        replica_url = replica_url or f"http://{host}:{own.getsockname()[1]}"
+        replica_url = replica_url or f"{'https' if identity else 'http'}://{host}:{own.getsockname()[1]}"
     config = RouterConfig(host=args.host, port=args.port, reuse_port=args.reuse_port, model_name=args.model_name, model_dir=args.model_dir,
                           rate_limit_rps=args.rate_limit_rps, request_timeout_s=args.request_timeout_s,
                           max_attempts=args.max_attempts, migration_limit=args.migration_limit,
@@ -101,5 +108,5 @@ def _run(args: argparse.Namespace) -> int:
     gc.collect()
     gc.freeze()
     run_server(app, config.connections, host=config.host, port=config.port, reuse_port=config.reuse_port,
-               own_socket=own, log_level="warning", timeout_graceful_shutdown=5)
+               own_socket=own, log_level="warning", timeout_graceful_shutdown=5, identity=identity)
     return 0

@@ -11,6 +11,7 @@ import logging
 import httpx
 
 from engine.router.kv_index import KVIndex
+from engine.runtime.http import explain
 from engine.router.registry import EndpointState, Registry
 
 log = logging.getLogger(__name__)
@@ -41,16 +42,18 @@ class HealthMonitor:
     async def probe(self, e: EndpointState) -> None:
         try:
             ready = await self.client.get(e.endpoint.url + "/ready", timeout=self.interval_s * 4)
-            ok = ready.status_code == 200
+            ok, why = ready.status_code == 200, f"/ready answered {ready.status_code}"
             if ok:
                 stats = await self.client.get(e.endpoint.url + "/internal/stats", timeout=self.interval_s * 4)
                 if stats.status_code == 200:
                     e.stats = stats.json()
                 if self.kv_index is not None and e.endpoint.role in ("colocated", "prefill", "decode"):
                     await self.read_kv_events(e)
-        except (httpx.HTTPError, ValueError):
-            ok = False
-        self.observe(e, ok)
+        except httpx.HTTPError as exc:
+            ok, why = False, explain(exc, e.endpoint.url)  # a TLS mismatch is named in the ejection's log line
+        except ValueError as exc:
+            ok, why = False, f"unreadable stats: {exc}"
+        self.observe(e, ok, why if not ok else "")
 
     async def read_kv_events(self, e: EndpointState) -> None:
         """Pages of the member's feed until it has no more (a few at most per probe); a member without a feed is
@@ -70,7 +73,7 @@ class HealthMonitor:
             if page.get("reset") or not page.get("events"):
                 return
 
-    def observe(self, e: EndpointState, ok: bool) -> None:
+    def observe(self, e: EndpointState, ok: bool, why: str = "") -> None:
         if ok:
             e.fails, e.passes = 0, e.passes + 1
             if not e.healthy and e.passes >= self.readmit_after:
@@ -79,7 +82,7 @@ class HealthMonitor:
         else:
             e.passes, e.fails = 0, e.fails + 1
             if e.healthy and e.fails >= self.eject_after:
-                self.eject(e, "failed health checks")
+                self.eject(e, f"failed health checks: {why}" if why else "failed health checks")
 
     @staticmethod
     def eject(e: EndpointState, why: str) -> None:

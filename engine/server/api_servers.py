@@ -25,6 +25,7 @@ from engine.runtime.process import Child, die_with_parent
 from engine.api.auth import key_source
 from engine.api.connection_limits import ConnectionLimits
 from engine.api.connections import listening_socket, server_config
+from engine.runtime.tls import TlsIdentity
 from engine.server.core_client import CoreClient
 from engine.api.fault_config import FaultConfig
 from engine.server.faults import FaultInjector
@@ -53,6 +54,8 @@ class ApiServerSpec(BaseModel):
     connections: ConnectionLimits = Field(default_factory=ConnectionLimits,
                                           description="bounded reads; each API server counts its own connections")
     starter_pid: int = Field(default_factory=os.getpid, description="an API server ends when this process does")
+    identity: TlsIdentity | None = Field(None, description="serve TLS with this certificate (None: plain HTTP)")
+    mutual: bool = Field(False, description="clients must show a certificate from the identity's CA")
 
 
 def serve_api(spec: ApiServerSpec, client: CoreClient, warm_up: bool, standby: bool = False) -> None:
@@ -64,8 +67,8 @@ def serve_api(spec: ApiServerSpec, client: CoreClient, warm_up: bool, standby: b
                      standby=standby, host=spec.host, max_body_bytes=spec.max_body_bytes,
                      body_timeout_s=spec.connections.body_timeout_s)
     sock = listening_socket(spec.host, spec.port, spec.reuse_port)
-    server = uvicorn.Server(server_config(app, spec.connections, log_level="warning",
-                                          timeout_keep_alive=MEMBER_KEEP_ALIVE_S))
+    server = uvicorn.Server(server_config(app, spec.connections, log_level="warning", identity=spec.identity,
+                                          mutual=spec.mutual, timeout_keep_alive=MEMBER_KEEP_ALIVE_S))
     try:
         server.run(sockets=[sock])
     finally:

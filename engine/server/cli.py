@@ -18,6 +18,7 @@ from engine.parallel.serve_args import add_arguments as add_dep_arguments, dep_s
 from engine.api import connection_limits
 from engine.api.connection_limits import ConnectionLimits
 from engine.api.limits import MEMBER_KEEP_ALIVE_S
+from engine.runtime import tls
 from tideflow_kernels.spec import KERNEL_MODES
 
 log = logging.getLogger(__name__)
@@ -72,6 +73,7 @@ def add_commands(subparsers) -> None:
                         "a group member gets its CPU share")
     p.add_argument("--device", help="cpu (default), cuda (the first GPU this process sees) or cuda:<index>; the "
                                     "compiled ops of that device are built and used")
+    tls.add_arguments(p, mutual=True)
     p.add_argument("--role", choices=["colocated", "prefill", "decode", "encoder"], default="colocated",
                    help="colocated: the whole request; prefill/decode/encoder: one stage of a disaggregated group")
     p.add_argument("--kv-transport", choices=["shm", "tcp"], default="shm",
@@ -166,6 +168,11 @@ def serve(args: argparse.Namespace) -> int:
     except (TideflowError, OSError) as exc:
         print(f"tideflow serve: {exc}", file=sys.stderr)
         return 1
+    try:  # members take mutual TLS when they know the fleet's CA: only its routers, controller and peers get in
+        args.identity = tls.identity_from_args(args, "tideflow serve")
+    except ValueError as exc:
+        return refused_start(exc)
+    args.mutual = args.identity is not None and args.identity.ca is not None
     tracing.setup(args.role, args.metrics_group, args.metrics_version)
     if args.role == "encoder":
         from engine.server.encoder_app import serve_encoder
@@ -197,7 +204,7 @@ def serve(args: argparse.Namespace) -> int:
     except (ValidationError, WeightsError, TideflowError, OSError, ValueError) as exc:
         return refused_start(exc)
     engine.on_failure = lambda why: exit_member(EXIT_ENGINE_FAILED, why)
-    log.info("serving %s on http://%s:%d (%d KV blocks of %d tokens)", config.model_name, args.host, args.port,
+    log.info("serving %s on %s://%s:%d (%d KV blocks of %d tokens)", config.model_name, tls.scheme(), args.host, args.port,
              engine.allocator.num_blocks, config.block_size)
     app = create_app(engine, config.model_name, keys, transport=None if args.role == "colocated" else args.kv_transport,
                      faults=faults, standby=args.standby, host=args.host, max_body_bytes=args.max_body_bytes,
@@ -206,7 +213,8 @@ def serve(args: argparse.Namespace) -> int:
     # the router, so a collection set off by one large body's objects does not scan them with the GIL held
     gc.collect()
     gc.freeze()
-    run_server(app, limits, host=args.host, port=args.port, log_level="warning", timeout_keep_alive=MEMBER_KEEP_ALIVE_S)
+    run_server(app, limits, host=args.host, port=args.port, log_level="warning", timeout_keep_alive=MEMBER_KEEP_ALIVE_S,
+               identity=args.identity, mutual=args.mutual)
     return 0
 
 
@@ -268,7 +276,8 @@ def serve_split(args: argparse.Namespace) -> int:
     api_spec = ApiServerSpec(model_dir=args.model, model_name=config.model_name, input_address=core_spec.input_address,
                              socket_dir=str(sockets), host=args.host, port=args.port, api_key_file=args.api_key_file,
                              faults=args.faults, max_body_bytes=args.max_body_bytes, reuse_port=args.api_server_count > 1,
-                             connections=member_connection_limits(args, config))
+                             connections=member_connection_limits(args, config), identity=args.identity,
+                             mutual=args.mutual)
     core = start_core(core_spec)
     extras = None
     try:
@@ -278,8 +287,8 @@ def serve_split(args: argparse.Namespace) -> int:
             print(f"tideflow serve: {exc}", file=sys.stderr)
             return EXIT_ENGINE_FAILED
         client.on_failure = lambda why: (remove_socket_dir(sockets), exit_member(EXIT_ENGINE_FAILED, why))
-        log.info("serving %s on http://%s:%d: engine core pid %d, %d API server(s), %d KV blocks",
-                 config.model_name, args.host, args.port, core.pid, args.api_server_count, client.kv_blocks)
+        log.info("serving %s on %s://%s:%d: engine core pid %d, %d API server(s), %d KV blocks",
+                 config.model_name, tls.scheme(), args.host, args.port, core.pid, args.api_server_count, client.kv_blocks)
         if args.api_server_count > 1:
             extras = ExtraApiServers(api_spec, args.api_server_count)
         serve_api(api_spec, client, warm_up=True, standby=args.standby)

@@ -22,6 +22,7 @@ from engine.encoder.cache import EncoderCache
 from engine.encoder.images import ImageError
 from engine.encoder.prompt import EncodedImage
 from engine.encoder.worker import EncoderWorker
+from engine.runtime import tls
 from engine.runtime.errors import TideflowError
 from engine.api.auth import ApiKey, BearerAuth, KeySource
 from engine.api.errors import APIError, error_response, install_error_handlers
@@ -144,7 +145,7 @@ def serve_encoder(args: argparse.Namespace) -> int:
     except (TideflowError, OSError, ValueError) as exc:
         print(f"tideflow serve: {exc}", file=sys.stderr)
         return 1
-    log.info("serving the vision encoder on http://%s:%d (%d patches per image)", args.host, args.port,
+    log.info("serving the vision encoder on %s://%s:%d (%d patches per image)", tls.scheme(), args.host, args.port,
              encoder.config.num_patches)
     from engine.api.limits import MEMBER_KEEP_ALIVE_S
 
@@ -153,5 +154,6 @@ def serve_encoder(args: argparse.Namespace) -> int:
     limits = from_args(args)
     app = create_encoder_app(service, factory, keys, max_body_bytes=args.max_body_bytes,
                              body_timeout_s=limits.body_timeout_s)
-    run_server(app, limits, host=args.host, port=args.port, log_level="warning", timeout_keep_alive=MEMBER_KEEP_ALIVE_S)
+    run_server(app, limits, host=args.host, port=args.port, log_level="warning", timeout_keep_alive=MEMBER_KEEP_ALIVE_S,
+               identity=args.identity, mutual=args.mutual)
     return 0

@@ -161,8 +161,10 @@ class TraceRequests:
         if flow_run:
             span.set_attribute(FLOW_RUN, str(flow_run))
         token = context.attach(trace.set_span_in_context(span, parent))
+        answered = False  # the answer's last byte ended the span (the SDK warns of a second end)
 
         async def traced_send(message) -> None:
+            nonlocal answered
             if message["type"] == "http.response.start":
                 status = int(message["status"])
                 span.set_attribute("http.response.status_code", status)
@@ -170,6 +172,7 @@ class TraceRequests:
                     span.set_status(Status(StatusCode.ERROR))
             await send(message)
             if message["type"] == "http.response.body" and not message.get("more_body", False):
+                answered = True
                 span.end()
 
         try:
@@ -180,7 +183,8 @@ class TraceRequests:
             raise
         finally:
             context.detach(token)
-            span.end()  # a second end is ignored: the answer's last byte ended it already
+            if not answered:
+                span.end()
 
 
 def client_span(name: str, attributes: dict | None = None, links: Iterable[trace.SpanContext] = ()) -> trace.Span:

@@ -2,13 +2,16 @@
 
 Frames: request  = MAGIC | u16 id length | id
         response = MAGIC | u8 status | u64 nbytes | u32 crc32 | payload
-Each payload is served once; its CRC-32 is computed at commit and checked on arrival.
+Each payload is served once; its CRC-32 is computed at commit and checked on arrival. With the fleet's TLS on
+(engine.runtime.tls), both ends are mutual TLS: only a peer with the fleet CA's certificate may pull KV, and the
+KV crosses the network encrypted.
 """
 
 from __future__ import annotations
 
 import socket
 import socketserver
+import ssl
 import struct
 import threading
 import time
@@ -23,10 +26,12 @@ FOUND, MISSING = 0, 1
 
 
 class TcpSender(KVSender):
-    """Serves staged payloads on (host, port); `stall_s` delays every response (fault drills)."""
+    """Serves staged payloads on (host, port); `stall_s` delays every response (fault drills); `context`: a
+    server SSL context (mutual TLS), None for plain TCP."""
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 0, ttl_s: float = 60.0, stall_s: float = 0.0) -> None:
-        self.ttl_s, self.stall_s = ttl_s, stall_s
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, ttl_s: float = 60.0, stall_s: float = 0.0,
+                 context: ssl.SSLContext | None = None) -> None:
+        self.ttl_s, self.stall_s, self.context = ttl_s, stall_s, context
         self._staged: dict[str, tuple[bytearray, int | None, float]] = {}
         self._lock = threading.Lock()
         sender = self
@@ -36,7 +41,7 @@ class TcpSender(KVSender):
                 try:
                     sender._serve(self.request)
                 except (OSError, TimeoutError, KVTransferError):
-                    pass  # the receiver went away or timed out; it reports the failure itself
+                    pass  # the receiver went away, timed out or failed the handshake; it reports the failure itself
 
         self._server = socketserver.ThreadingTCPServer((host, port), Handler, bind_and_activate=False)
         self._server.daemon_threads = True
@@ -81,6 +86,8 @@ class TcpSender(KVSender):
 
     def _serve(self, conn: socket.socket) -> None:
         conn.settimeout(30)
+        if self.context is not None:
+            conn = self.context.wrap_socket(conn, server_side=True)  # closed with the raw socket by socketserver
         magic, n = REQUEST.unpack(_recv_exact(conn, REQUEST.size, time.monotonic() + 30))
         if magic != MAGIC:
             return
@@ -98,12 +105,17 @@ class TcpSender(KVSender):
 
 
 class TcpReceiver(KVReceiver):
+    """Pulls payloads from a TcpSender; `context`: a client SSL context (its certificate shown), None for plain TCP."""
+
+    def __init__(self, context: ssl.SSLContext | None = None) -> None:
+        self.context = context
+
     def fetch(self, desc: TransferDescriptor, timeout_s: float) -> memoryview:
         deadline = time.monotonic() + timeout_s
         host, port = desc.location["host"], int(desc.location["port"])
         where = f"KV transfer {desc.transfer_id} from {host}:{port}"
         try:
-            with socket.create_connection((host, port), timeout=timeout_s) as conn:
+            with socket.create_connection((host, port), timeout=timeout_s) as raw, self._wrap(raw, host) as conn:
                 ident = desc.transfer_id.encode()
                 conn.sendall(REQUEST.pack(MAGIC, len(ident)) + ident)
                 magic, status, nbytes, crc = RESPONSE.unpack(_recv_exact(conn, RESPONSE.size, deadline))
@@ -116,11 +128,15 @@ class TcpReceiver(KVReceiver):
                 payload = _recv_exact(conn, nbytes, deadline)
         except (socket.timeout, TimeoutError):
             raise KVTransferError(f"{where}: timed out after {timeout_s:.1f}s") from None
-        except OSError as exc:
+        except OSError as exc:  # ssl.SSLError too: a sender whose certificate is not the fleet's, or that refused ours
             raise KVTransferError(f"{where}: {exc}") from None
         if zlib.crc32(payload) != desc.checksum:
             raise KVTransferError(f"{where}: checksum mismatch, payload corrupted in flight")
         return memoryview(payload)
+
+
+    def _wrap(self, raw: socket.socket, host: str) -> socket.socket:
+        return self.context.wrap_socket(raw, server_hostname=host) if self.context is not None else raw
 
 
 def _recv_exact(conn: socket.socket, n: int, deadline: float) -> bytearray:

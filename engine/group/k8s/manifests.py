@@ -77,8 +77,10 @@ def engine_port(spec: RoleSpec) -> int:
 def _args(group: InferenceGroup, spec: RoleSpec, standby: bool) -> list[str]:
     """The pod's command line: its IP and, for DEP, the LWS worker index and leader address filled in by the kubelet."""
     model = group.model.uri or group.model.expanded_path({"TIDEFLOW_HOME": NODE_CACHE})
+    # plain HTTP said on purpose: the fleet CA is not yet kept in a Secret here (a mesh encrypts pod-to-pod traffic)
     return serve_argv(group, spec, model=model, host="$(POD_IP)", port=engine_port(spec), served_name="default",
-                      rank="$(LWS_WORKER_INDEX)", dist_addr=f"$(LWS_LEADER_ADDRESS):{DIST_PORT}", standby=standby)
+                      rank="$(LWS_WORKER_INDEX)", dist_addr=f"$(LWS_LEADER_ADDRESS):{DIST_PORT}",
+                      standby=standby) + ["--plain-http"]
 
 
 def _env() -> list[dict[str, Any]]:

@@ -6,6 +6,7 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
+from engine.runtime.tls import TlsIdentity
 from harness.prometheus import ScrapeJob, render_config
 
 
@@ -42,3 +43,14 @@ def test_a_job_needs_targets_and_a_plain_name():
         ScrapeJob(name="router", targets=["127.0.0.1:1"], sd_url="http://127.0.0.1:2/v1/targets", key="k")
     with pytest.raises(ValidationError, match="name"):
         ScrapeJob(name="bad name", targets=["127.0.0.1:1"], key="k")
+
+
+def test_a_tls_fleet_is_discovered_and_scraped_over_https_with_a_fleet_certificate(tmp_path):
+    identity = TlsIdentity(cert=tmp_path / "p.pem", key=tmp_path / "p.pem", ca=tmp_path / "ca.pem")
+    job = ScrapeJob(name="engines", sd_url="https://127.0.0.1:7000/v1/targets?job=engines", key="k", tls=identity)
+    (scrape,) = yaml.safe_load(render_config([job], 1.0, tmp_path / "keys"))["scrape_configs"]
+    want = {"ca_file": str(tmp_path / "ca.pem"), "cert_file": str(tmp_path / "p.pem"), "key_file": str(tmp_path / "p.pem")}
+    assert scrape["scheme"] == "https" and scrape["tls_config"] == want
+    assert scrape["http_sd_configs"][0]["tls_config"] == want
+    plain = yaml.safe_load(render_config([job.model_copy(update={"tls": None})], 1.0, tmp_path / "keys"))
+    assert "scheme" not in plain["scrape_configs"][0] and "tls_config" not in plain["scrape_configs"][0]
