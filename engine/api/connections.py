@@ -101,7 +101,7 @@ class ReloadingTlsConfig(uvicorn.Config):
     def load(self) -> None:
         super().load()
         if self.ssl is not None and self.identity is not None:
-            tls.watch_server_context(self.ssl, self.identity)
+            tls.reloader.watch(self.ssl, self.identity)
 
 
 def server_config(app, limits: ConnectionLimits, *, identity: TlsIdentity | None = None, mutual: bool = False,

@@ -732,7 +732,6 @@ class Controller:
         (`tideflow down`); otherwise they keep serving for the next controller to adopt."""
         self._stop.set()
         self.expert_moves.stop()
-        self.routes.close()
         if self._thread.is_alive():
             self._thread.join(timeout=30)
         self.claims.join(timeout_s=60)  # no switch may still run while the groups stop (or are left for the next one)
@@ -747,9 +746,15 @@ class Controller:
                     self.manager.shutdown(drain_s)
                 for t in self._stoppers.values():
                     t.join(timeout=drain_s + 30)
+                # The routers' watches end only now: while the groups drained, the routers took their weight 0
+                # and reported what was still in flight (with the watches ended first, each drain waited out
+                # its whole `drain_s`, as no router could report the revision that set it)
+                self.routes.close()
                 self.runtime.stop_leftovers()
                 reap_orphan_segments()
                 self.store.event("down", "every group and the router stopped")
+        else:
+            self.routes.close()
 
 
 def make_runtime(config: ControllerConfig) -> Runtime:

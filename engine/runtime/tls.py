@@ -21,6 +21,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from engine.runtime.paths import home
+
 log = logging.getLogger(__name__)
 
 CERT_ENV, KEY_ENV, CA_ENV = "TIDEFLOW_TLS_CERT", "TIDEFLOW_TLS_KEY", "TIDEFLOW_TLS_CA"
@@ -135,7 +137,7 @@ class _Reloader:
                     continue
                 try:
                     context.load_cert_chain(identity.cert, identity.key)
-                except (OSError, ssl.SSLError) as exc:  # caught mid-write by another writer: tried again next look
+                except (OSError, ssl.SSLError) as exc:  # a bad file: the certificate loaded before is kept
                     log.warning("TLS certificate %s could not be loaded again: %s", identity.cert, exc)
                     continue
                 seen[0] = now
@@ -152,10 +154,6 @@ def _mtime(path: Path) -> int:
 
 
 reloader = _Reloader()
-
-
-def watch_server_context(context: ssl.SSLContext, identity: TlsIdentity) -> None:
-    reloader.watch(context, identity)
 
 
 def server_kwargs(identity: TlsIdentity | None, mutual: bool) -> dict:
@@ -196,8 +194,6 @@ def trusted_ca() -> Path | None:
     identity = TlsIdentity.from_env()
     if identity is not None and identity.ca is not None:
         return identity.ca
-    from engine.runtime.paths import home
-
     fleet = home() / "tls" / "ca.pem"
     return fleet if fleet.exists() else None
 
