@@ -3,13 +3,16 @@ memory copy bandwidth, a PD group brought up, and concurrent streams through the
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import os
 import platform
 import ssl
 import statistics
+import tempfile
 import time
 from pathlib import Path
+from typing import Callable
 
 import openai
 import torch
@@ -17,6 +20,7 @@ import torch
 from engine.group.groupset import LocalGroupSet
 from engine.group.manager import GroupState
 from engine.group.spec import InferenceGroup
+from engine.offline.default_model import DEFAULT_CONFIG, write_default_model
 
 
 def copy_bandwidth_gbs(mbytes: int = 512, repeats: int = 5) -> float:
@@ -96,3 +100,49 @@ async def run_streams(url: str, key: str, n: int, prompt_len: int, out_tokens: i
     finally:
         await client.close()
     return sum(t for t, _ in done) / wall, statistics.median(f for _, f in done) * 1000
+
+
+def stream_rounds(gs: LocalGroupSet, args: argparse.Namespace, seed: int,
+                  verify: ssl.SSLContext | bool = True) -> tuple[float, float]:
+    """A warm-up, then `args.rounds` runs of `args.streams` streams on `gs`'s router: (tok/s, TTFT p50 ms), each the
+    median of the rounds."""
+    asyncio.run(run_streams(gs.url, gs.client_key, 4, args.prompt_len, 8, seed + 1, verify))
+    runs = [asyncio.run(run_streams(gs.url, gs.client_key, args.streams, args.prompt_len, args.output_len,
+                                    seed * 100 + i, verify)) for i in range(args.rounds)]
+    return statistics.median(r for r, _ in runs), statistics.median(t for _, t in runs)
+
+
+def on_off_flags(description: str) -> argparse.Namespace:
+    """The flags of a benchmark that compares fleets with one setting on and off (tracing, TLS)."""
+    ap = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--streams", type=int, default=32)
+    ap.add_argument("--prompt-len", type=int, default=64, help="words per prompt")
+    ap.add_argument("--output-len", type=int, default=64)
+    ap.add_argument("--repeats", type=int, default=3, help="fleets per mode, alternating on and off")
+    ap.add_argument("--rounds", type=int, default=3, help="measured runs of the streams per fleet (their median)")
+    return ap.parse_args()
+
+
+def compare_on_off(what: str, args: argparse.Namespace, fleet_run: Callable[..., tuple], setting: str,
+                   extra_headers: tuple[str, ...] = ()) -> None:
+    """`args.repeats` fleets per mode, alternating on/off so drift of the machine hits both alike; prints each
+    fleet, a table and the medians' ratio on/off. `fleet_run(model_dir, home, on, args, seed)` gives (tok/s,
+    TTFT p50 ms, *one figure per extra header)."""
+    rows, figures = [], {True: [], False: []}
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = write_default_model(Path(tmp) / "model", DEFAULT_CONFIG, seed=0)
+        for r in range(args.repeats):
+            for on in ((True, False) if r % 2 == 0 else (False, True)):
+                rate, ttft, *extra = fleet_run(model_dir, Path(tmp) / f"home-{r}-{on}", on, args, r)
+                figures[on].append((rate, ttft))
+                rows.append([r, "on" if on else "off", f"{rate:.0f}", f"{ttft:.0f}", *extra])
+                shown = "".join(f", {value} {header}" for value, header in zip(extra, extra_headers))
+                print(f"run {r} {what} {'on' if on else 'off'}: {rate:.0f} tok/s, TTFT p50 {ttft:.0f} ms{shown}",
+                      flush=True)
+    print(f"\n{host()}; default model, float32, {setting}, {args.streams} streams, {args.prompt_len} words in / "
+          f"{args.output_len} tokens out, greedy")
+    print_table(["run", what, "tok/s", "TTFT p50 ms", *extra_headers], rows)
+    on_rate, off_rate = (statistics.median(r for r, _ in figures[m]) for m in (True, False))
+    on_ttft, off_ttft = (statistics.median(t for _, t in figures[m]) for m in (True, False))
+    print(f"\nmedians: on {on_rate:.0f} tok/s, off {off_rate:.0f} tok/s: throughput on/off {on_rate / off_rate:.3f} "
+          f"(cost {100 * (1 - on_rate / off_rate):+.1f} %); TTFT p50 on/off {on_ttft / off_ttft:.3f}")

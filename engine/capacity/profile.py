@@ -200,11 +200,13 @@ def profile_role(spec: ProfileSpec, progress: Progress | None = None) -> RolePro
 
 
 def _memory(engine, model) -> MemoryFigures:
+    from engine.model.packed_linear import weight_bytes
+
     c = model.config  # K and V per layer, [blocks, block_size, kv_heads, head_dim] each (engine.model.paged)
     per_token = 2 * c.num_layers * c.num_kv_heads * c.head_dim * torch.empty((), dtype=c.torch_dtype).element_size()
     kv_tokens = engine.kv_blocks * engine.config.block_size
     return MemoryFigures(kv_bytes_per_token=per_token,
-                         weights_bytes=sum(p.numel() * p.element_size() for p in model.parameters()),
+                         weights_bytes=weight_bytes(model),  # packed projections too (measured at load)
                          buffers_bytes=sum(b.numel() * b.element_size() for b in model.buffers()),
                          kv_budget_bytes=per_token * kv_tokens, kv_tokens=kv_tokens)
 

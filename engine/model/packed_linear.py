@@ -53,6 +53,14 @@ class PackedLinear(nn.Module):
         return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.packed, self.bias, "none", [], "")
 
 
+def weight_bytes(model: nn.Module) -> int:
+    """Bytes of `model`'s weights in memory: its parameters (each once, tied or not) and the packed projections'
+    weights, which are no parameters (a PackedLinear holds oneDNN's blocked copy only)."""
+    params = sum(p.numel() * p.element_size() for p in model.parameters())
+    return params + sum(m.packed.numel() * m.packed.element_size() for m in model.modules()
+                        if isinstance(m, PackedLinear))
+
+
 def pack_linears(model: nn.Module) -> int:
     """Replace every bf16 or fp32 CPU nn.Linear of `model` whose weight is its own (not tied to an embedding) with
     a PackedLinear that computes the same, where it is measured faster on this host; returns how many were

@@ -44,7 +44,8 @@ def test_the_memory_sums_match_the_checkpoint_and_the_budget(profile, tiny_model
     assert profile.memory.kv_bytes_per_token == 2 * config["num_hidden_layers"] * config["num_key_value_heads"] * head_dim * 4
     with safe_open(str(tiny_model_dir / "model.safetensors"), "pt") as f:
         stored = sum(f.get_tensor(k).numel() * 4 for k in f.keys())
-    assert profile.memory.weights_bytes == stored  # fp32 in memory as on disk
+    # fp32 in memory as on disk, where the load measured plain projections faster; oneDNN's packed blocks may pad
+    assert stored <= profile.memory.weights_bytes <= 1.1 * stored
     m = profile.memory
     assert m.kv_budget_bytes <= KV_BYTES and m.kv_budget_bytes == m.kv_tokens * m.kv_bytes_per_token
     assert m.kv_tokens % 16 == 0 and m.kv_tokens > KV_BYTES // m.kv_bytes_per_token - 16  # whole blocks of the budget

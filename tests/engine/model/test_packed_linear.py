@@ -10,7 +10,7 @@ from torch import nn
 from engine.offline.default_model import write_default_model
 from engine.model.loader import load_model
 from engine.model import packed_linear
-from engine.model.packed_linear import PackedLinear, pack_linears, packing_available
+from engine.model.packed_linear import PackedLinear, pack_linears, packing_available, weight_bytes
 from tests.engine.model.conftest import TILE_SHAPED_CONFIG, full_forward_logits
 
 pytestmark = pytest.mark.skipif(not packing_available(), reason="this torch has no oneDNN linear packing")
@@ -45,6 +45,22 @@ def test_a_model_measured_faster_packed_has_every_projection_packed_and_the_same
     assert count(plain, PackedLinear) == 0
     got, want = full_forward_logits(packed, ids), full_forward_logits(plain, ids)
     assert (got - want).abs().max() <= tolerance * want.abs().max()
+
+
+def test_the_weights_in_memory_count_the_packed_projections(tmp_path, monkeypatch):
+    """What `tideflow profile` reports as weights (capacity plans add it up): packed or not, every byte is counted.
+    A packed projection's weight is no parameter, so counting parameters alone lost the packed ones, and with them
+    a figure that depends on which layers the load measured faster packed."""
+    if not packs(torch.float32):
+        pytest.skip("oneDNN packs no float32 weights on this CPU")
+    model_dir = write_default_model(tmp_path / "model", TILE_SHAPED_CONFIG, seed=5)
+    monkeypatch.setattr(packed_linear, "packing_pays", lambda linear, packed: False)
+    plain = load_model(model_dir, "float32")
+    monkeypatch.setattr(packed_linear, "packing_pays", lambda linear, packed: True)
+    packed = load_model(model_dir, "float32")
+    assert weight_bytes(plain) == sum(p.numel() * p.element_size() for p in plain.parameters())
+    assert sum(p.numel() * p.element_size() for p in packed.parameters()) < weight_bytes(plain)  # the lost bytes
+    assert weight_bytes(plain) <= weight_bytes(packed) <= 1.1 * weight_bytes(plain)  # oneDNN's blocks may pad
 
 
 def test_the_measurement_keeps_the_faster_side_and_times_each_shape_once(monkeypatch):

@@ -93,6 +93,14 @@ def test_a_post_is_a_server_span_under_the_callers_traceparent_with_its_flow_run
         assert done[phase].parent.span_id == server.context.span_id and done[phase].context.trace_id == server.context.trace_id
 
 
+def test_a_served_post_ends_its_span_once(spans, caplog):
+    """The SDK warns of every second end(): that was one log line per request in every router and member."""
+    with caplog.at_level("WARNING", logger="opentelemetry.sdk.trace"):
+        assert _call("POST", "/v1/completions", {}).text == "ab"
+    assert [s.name for s in spans.get_finished_spans()].count("POST /v1/completions") == 1
+    assert not [r.getMessage() for r in caplog.records if "ended span" in r.getMessage()]
+
+
 def test_probes_are_not_traced(spans):
     assert _call("GET", "/health", {}).text == "ok"
     assert spans.get_finished_spans() == ()
