@@ -208,3 +208,21 @@ def pytest_runtest_protocol(item, nextitem):
         return
     with _Guard(item.nodeid):
         yield
+
+
+# A TLS identity in this process's environment reaches every process a later test starts (engine.runtime.tls reads
+# it from there): members would serve https where their controller expects http. No test may leave one behind.
+_TLS_ENV = ("TIDEFLOW_TLS_CERT", "TIDEFLOW_TLS_KEY", "TIDEFLOW_TLS_CA")
+
+
+@pytest.fixture(autouse=True)
+def no_tls_identity_left_behind():
+    before = {name: os.environ.get(name) for name in _TLS_ENV}
+    yield
+    left = {name: os.environ.get(name) for name in _TLS_ENV if os.environ.get(name) != before[name]}
+    for name in left:  # put back, so one leak fails one test and not the rest of the run
+        if before[name] is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = before[name]
+    assert not left, f"the test left a TLS identity in this process's environment: {left}"

@@ -143,7 +143,9 @@ def _args(host: str, plain: bool = False, **flags) -> argparse.Namespace:
 
 def test_serving_off_loopback_without_tls_is_refused_unless_plain_http_is_said(fleet, monkeypatch):
     for env in (tls.CERT_ENV, tls.KEY_ENV, tls.CA_ENV):
-        monkeypatch.delenv(env, raising=False)
+        # set empty (read as unset), not deleted: monkeypatch restores only what it set, and identity_from_args
+        # exports the identity into this process's environment, where every later test's children would find it
+        monkeypatch.setenv(env, "")
     with pytest.raises(ValueError, match="--plain-http"):
         tls.identity_from_args(_args("0.0.0.0"), "tideflow serve")
     assert tls.identity_from_args(_args("0.0.0.0", plain=True), "tideflow serve") is None
