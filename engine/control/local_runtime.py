@@ -65,7 +65,7 @@ class LocalRuntime(Runtime):
     def renew_certificates(self) -> list[str]:
         if self.ca is None or time.monotonic() < self._renew_at:
             return []
-        self._renew_at = time.monotonic() + min(RENEW_CHECK_S, self.config.cert_lifetime_h * 360)
+        self._renew_at = time.monotonic() + min(RENEW_CHECK_S, self.config.cert_lifetime_h * 3600 / 10)
         renewed = self.ca.renew_due()
         if renewed:
             self.store.event("tls", f"certificates issued again before expiry: {', '.join(renewed)}")
