@@ -8,7 +8,6 @@ duplicates, and what it cannot adopt it stops and rebuilds whole.
 from __future__ import annotations
 
 import datetime as dt
-import os
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -21,7 +20,7 @@ from engine.group.backend import BackendError
 from engine.group.local import LocalProcessBackend, MemberRecord
 from engine.group.manager import GroupManager
 from engine.runtime.paths import home
-from engine.runtime.pki import FleetCA, default_hosts
+from engine.runtime.pki import FleetCA, fleet_identities
 from engine.runtime.process import adopt, free_port, port_free
 from engine.runtime.tls import TlsIdentity
 from engine.router.app import ADMIN_KEYS_ENV, UPSTREAM_KEY_ENV
@@ -106,15 +105,12 @@ class LocalRuntime(Runtime):
 
 
 def _fleet_tls(config: ControllerConfig) -> tuple[FleetCA | None, dict[str, TlsIdentity]]:
-    """With TLS on: the fleet CA of this home (made on first use) and the certificates of the controller, the
-    routers and the members, one per role, valid for the bind address. The controller's own goes into its
-    environment: its server and its clients (to members, which ask for a certificate) use it from there."""
+    """With TLS on: the fleet CA of this home (made on first use) and the certificates of the controller (its
+    own, in its environment), the routers and the members, one per role, valid for the bind address."""
     if not config.tls_on:
         return None, {}
-    ca = FleetCA(home() / "tls", dt.timedelta(hours=config.cert_lifetime_h))
-    identities = {role: ca.issue(role, default_hosts(config.host)) for role in ("controller", "router", "member")}
-    os.environ.update(identities["controller"].env())
-    return ca, identities
+    return fleet_identities(home() / "tls", dt.timedelta(hours=config.cert_lifetime_h), config.host,
+                            ("controller", "router", "member"), own="controller")
 
 
 def router_env(store: Store) -> dict[str, str]:

@@ -7,7 +7,6 @@ controller (engine/control/), which outlives every flow run.
 from __future__ import annotations
 
 import datetime as dt
-import os
 import secrets
 from pathlib import Path
 
@@ -17,8 +16,7 @@ from engine.group.local import LocalProcessBackend
 from engine.group.manager import GroupManager, ManagedGroup, SupervisionPolicy
 from engine.group.spec import InferenceGroup
 from engine.runtime.paths import home
-from engine.runtime.pki import FleetCA, default_hosts
-from engine.runtime.tls import TlsIdentity
+from engine.runtime.pki import fleet_identities
 from engine.runtime.process import free_port, loopback_members, start_service, tideflow_argv
 from engine.router.admin import RouterAdmin
 from engine.router.app import ADMIN_KEYS_ENV, UPSTREAM_KEY_ENV
@@ -36,15 +34,6 @@ class GroupSetConfig(BaseModel):
                                          "members); this process shows the CA's `owner` certificate to them")
 
 
-def _fleet_identities(host: str) -> dict[str, TlsIdentity]:
-    """The routers', the members' and this process's certificates from the home's fleet CA; this process's goes
-    into its environment, where its clients (the router's admin API, the members' probes) take it from."""
-    ca = FleetCA(home() / "tls", dt.timedelta(hours=24))
-    identities = {name: ca.issue(name, default_hosts(host)) for name in ("router", "member", "owner")}
-    os.environ.update(identities["owner"].env())
-    return identities
-
-
 class LocalGroupSet:
     """Owns the processes it starts: `close()` (or the context manager) stops every one of them."""
 
@@ -54,7 +43,11 @@ class LocalGroupSet:
         self._admin_key = secrets.token_urlsafe(24)
         self._member_key = secrets.token_urlsafe(24)  # between the router and the members only
         port = config.router_port or free_port(config.host)
-        identities = _fleet_identities(config.host) if config.tls else {}
+        # the routers', the members' and this process's certificates; this process's is in its environment, where
+        # its clients (the router's admin API, the members' probes) take it from
+        roles = ("router", "member", "owner")
+        identities = fleet_identities(home() / "tls", dt.timedelta(hours=24), config.host, roles,
+                                      own="owner")[1] if config.tls else {}
         self.url = f"{'https' if config.tls else 'http'}://{config.host}:{port}"
         logs = home() / "logs"
         env = {"TIDEFLOW_API_KEYS": self.client_key, ADMIN_KEYS_ENV: self._admin_key, UPSTREAM_KEY_ENV: self._member_key,

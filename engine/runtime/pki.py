@@ -143,3 +143,13 @@ class FleetCA:
             self.issue(pem.stem, hosts, life)
             renewed.append(pem.stem)
         return renewed
+
+
+def fleet_identities(folder: Path, lifetime: dt.timedelta, host: str, roles: tuple[str, ...],
+                     own: str) -> tuple[FleetCA, dict[str, TlsIdentity]]:
+    """The CA in `folder` and a fresh certificate for each of `roles`, valid for `host`; the `own` role's goes into
+    this process's environment, where its servers and its clients (to members, which ask for one) take it."""
+    ca = FleetCA(folder, lifetime)
+    identities = {role: ca.issue(role, default_hosts(host)) for role in roles}
+    os.environ.update(identities[own].env())
+    return ca, identities
